@@ -1,0 +1,195 @@
+#include "backends/cpu/ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "base/status.h"
+#include "quant/quant.h"
+
+namespace geist::cpu {
+namespace {
+
+// Dot product with 16 independent partial sums in a fixed order, reduced as a fixed
+// tree. The compiler maps the 16 lanes onto SIMD registers of any width; the result is
+// the same on every ISA because the association never changes (no FMA contraction in
+// ISO mode, no fast-math).
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+float dot_f32(const float *a, const float *b, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    for (int l = 0; l < 16; ++l) acc[l] += a[i + l] * b[i + l];
+  }
+  for (int l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
+  for (int w = 8; w >= 1; w /= 2) {
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  }
+  return acc[0];
+}
+
+// Output rows per task: enough work per task to amortize the claim, small enough to
+// balance two to sixteen threads.
+int64_t rows_per_task(int64_t n_out, int n_threads) {
+  int64_t per = n_out / (static_cast<int64_t>(n_threads) * 8);
+  return std::clamp<int64_t>(per, 1, 256);
+}
+
+thread_local std::vector<float> t_dequant_row;
+
+}  // namespace
+
+void matmul_range(const WeightView &w, const float *x, float *y, int n_rows, int64_t n_begin,
+                  int64_t n_end, ThreadPool &pool) {
+  const int64_t K = w.n_in;
+  const int64_t n_cols = n_end - n_begin;
+  const int64_t per = rows_per_task(n_cols, pool.n_threads());
+  const int n_tasks = static_cast<int>((n_cols + per - 1) / per);
+  pool.run(n_tasks, [&](int task, int /*thread*/) {
+    std::vector<float> &wrow = t_dequant_row;
+    if (static_cast<int64_t>(wrow.size()) < K) wrow.resize(K);
+    const int64_t c0 = n_begin + task * per;
+    const int64_t c1 = std::min(n_end, c0 + per);
+    for (int64_t n = c0; n < c1; ++n) {
+      const float *wr;
+      if (w.type == quant::GgmlType::F32) {
+        wr = reinterpret_cast<const float *>(w.row(n));
+      } else {
+        bool ok = quant::dequantize_row(w.type, w.row(n), wrow.data(), K);
+        GEIST_CHECK(ok, "matmul on a weight type without a dequantizer");
+        wr = wrow.data();
+      }
+      for (int r = 0; r < n_rows; ++r) {
+        y[static_cast<size_t>(r) * n_cols + (n - n_begin)] = dot_f32(wr, x + static_cast<size_t>(r) * K, K);
+      }
+    }
+  });
+}
+
+void matmul(const WeightView &w, const float *x, float *y, int n_rows, ThreadPool &pool) {
+  matmul_range(w, x, y, n_rows, 0, w.n_out, pool);
+}
+
+void embedding_gather(const WeightView &w, const int32_t *ids, int n, float scale, float *out) {
+  for (int r = 0; r < n; ++r) {
+    float *o = out + static_cast<size_t>(r) * w.n_in;
+    bool ok = quant::dequantize_row(w.type, w.row(ids[r]), o, w.n_in);
+    GEIST_CHECK(ok, "embedding of a type without a dequantizer");
+    for (int64_t i = 0; i < w.n_in; ++i) o[i] *= scale;
+  }
+}
+
+void rmsnorm_to(const float *x, const float *g, float *out, int64_t n_vec, int64_t dim, float eps) {
+  for (int64_t v = 0; v < n_vec; ++v) {
+    const float *xv = x + v * dim;
+    float *ov = out + v * dim;
+    // Sum of squares in double: exact enough that the order of terms does not matter.
+    double ss = 0.0;
+    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xv[i]) * xv[i];
+    const float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps));
+    if (g) {
+      for (int64_t i = 0; i < dim; ++i) ov[i] = xv[i] * r * g[i];
+    } else {
+      for (int64_t i = 0; i < dim; ++i) ov[i] = xv[i] * r;
+    }
+  }
+}
+
+void rmsnorm(float *x, const float *g, int64_t n_vec, int64_t dim, float eps) {
+  rmsnorm_to(x, g, x, n_vec, dim, eps);
+}
+
+void RopeTable::init(double base, int rot_dim, double scale, const float *freq_factors) {
+  GEIST_CHECK(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= kMaxRotDim, "bad RoPE width");
+  rot_dim_ = rot_dim;
+  for (int i = 0; i < rot_dim / 2; ++i) {
+    double w = std::pow(base, -2.0 * i / rot_dim) * scale;
+    if (freq_factors) {
+      const double ff = freq_factors[i];
+      w = ff >= 1e29 ? 0.0 : w / ff;
+    }
+    omega_[i] = w;
+  }
+}
+
+void RopeTable::fill(int64_t pos0, int n_pos, float *cs) const {
+  const int half = rot_dim_ / 2;
+  for (int r = 0; r < n_pos; ++r) {
+    const double p = static_cast<double>(pos0 + r);
+    float *row = cs + static_cast<size_t>(r) * rot_dim_;
+    for (int i = 0; i < half; ++i) {
+      const double th = p * omega_[i];
+      row[2 * i] = static_cast<float>(std::cos(th));
+      row[2 * i + 1] = static_cast<float>(std::sin(th));
+    }
+  }
+}
+
+void rope_neox(float *x, int n_rows, int n_heads, int head_dim, int rot_dim, const float *cs) {
+  const int half = rot_dim / 2;
+  for (int r = 0; r < n_rows; ++r) {
+    const float *c = cs + static_cast<size_t>(r) * rot_dim;
+    for (int h = 0; h < n_heads; ++h) {
+      float *v = x + (static_cast<size_t>(r) * n_heads + h) * head_dim;
+      for (int i = 0; i < half; ++i) {
+        const float x0 = v[i], x1 = v[i + half];
+        const float co = c[2 * i], si = c[2 * i + 1];
+        v[i] = x0 * co - x1 * si;
+        v[i + half] = x1 * co + x0 * si;
+      }
+    }
+  }
+}
+
+void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
+  const float k = 0.7978845608028654f;  // sqrt(2/pi)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float t = std::tanh(k * (g + 0.044715f * g * g * g));
+    out[i] = 0.5f * g * (1.0f + t) * up[i];
+  }
+}
+
+void add_inplace(float *x, const float *y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void attention(const AttentionArgs &a, ThreadPool &pool) {
+  const int group = a.n_head / a.n_head_kv;
+  const int n_tasks = a.n_rows * a.n_head;
+  const size_t kv_stride = static_cast<size_t>(a.n_head_kv) * a.head_dim;
+  pool.run(n_tasks, [&](int task, int /*thread*/) {
+    thread_local std::vector<float> scores;
+    const int r = task / a.n_head;
+    const int h = task % a.n_head;
+    const int g = h / group;
+    const int64_t p = a.q_pos0 + r;
+    const int64_t j0 = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
+    const int64_t n_keys = p - j0 + 1;
+    if (static_cast<int64_t>(scores.size()) < n_keys) scores.resize(n_keys);
+    const float *q = a.q + (static_cast<size_t>(r) * a.n_head + h) * a.head_dim;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n_keys; ++j) {
+      const float *k = a.k + static_cast<size_t>((j0 + j) % a.kv_cap) * kv_stride + g * a.head_dim;
+      const float s = dot_f32(q, k, a.head_dim) * a.scale;
+      scores[j] = s;
+      mx = std::max(mx, s);
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < n_keys; ++j) {
+      scores[j] = std::exp(scores[j] - mx);
+      sum += scores[j];
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    float *o = a.out + (static_cast<size_t>(r) * a.n_head + h) * a.head_dim;
+    std::fill(o, o + a.head_dim, 0.0f);
+    for (int64_t j = 0; j < n_keys; ++j) {
+      const float *v = a.v + static_cast<size_t>((j0 + j) % a.kv_cap) * kv_stride + g * a.head_dim;
+      const float w = scores[j] * inv;
+      for (int d = 0; d < a.head_dim; ++d) o[d] += w * v[d];
+    }
+  });
+}
+
+}  // namespace geist::cpu

@@ -1,0 +1,82 @@
+// CPU operators of the forward pass. Activations are row-major [n_rows][width] f32.
+// Every op is deterministic and batch invariant: the value of one output element depends
+// only on its own inputs (fixed reduction order over K), never on n_rows or the thread
+// count; threads split output rows/columns, never a reduction.
+#pragma once
+
+#include <cstdint>
+
+#include "backends/weight.h"
+#include "base/thread_pool.h"
+
+namespace geist::cpu {
+
+// y[r][n] = sum_k W[n][k] * x[r][k].  x: [n_rows][w.n_in], y: [n_rows][w.n_out].
+// Weights are dequantized a row at a time into per-thread scratch, never copied whole.
+// Only the types with a reference dequantizer are accepted (checked at model load).
+void matmul(const WeightView &w, const float *x, float *y, int n_rows, ThreadPool &pool);
+
+// Same for a subset of output rows of the weight: y[r][n - n_begin] for n in [n_begin, n_end).
+void matmul_range(const WeightView &w, const float *x, float *y, int n_rows, int64_t n_begin,
+                  int64_t n_end, ThreadPool &pool);
+
+// out[r] = W[ids[r]] (one dequantized row of the table per id) * scale. out: [n][w.n_in].
+void embedding_gather(const WeightView &w, const int32_t *ids, int n, float scale, float *out);
+
+// In place over `n_vec` vectors of `dim`: x = x / rms(x) * g (eps inside the root).
+// g: [dim] or nullptr (no scale). Vectors are contiguous: x is [n_vec][dim].
+void rmsnorm(float *x, const float *g, int64_t n_vec, int64_t dim, float eps);
+// out = rmsnorm(x) without modifying x.
+void rmsnorm_to(const float *x, const float *g, float *out, int64_t n_vec, int64_t dim, float eps);
+
+// Rotary embedding, half-split (NEOX) layout, in place on x: [n_rows][n_heads][head_dim].
+// cs: [n_rows][rot_dim/2][2] = (cos, sin) of each row's position (RopeTable::fill).
+// Dimensions >= rot_dim pass through.
+void rope_neox(float *x, int n_rows, int n_heads, int head_dim, int rot_dim, const float *cs);
+
+// out[i] = gelu_tanh(gate[i]) * up[i]
+void gelu_mul(const float *gate, const float *up, float *out, int64_t n);
+
+// x[i] += y[i]
+void add_inplace(float *x, const float *y, int64_t n);
+
+// Frequencies of one RoPE (base, rotated width, linear scale, optional frequency factors):
+// omega_i = scale * base^(-2i/rot_dim) / ff_i. Angles are evaluated in double and rounded
+// once, so the table is as exact as f32 allows at any position.
+class RopeTable {
+ public:
+  static constexpr int kMaxRotDim = 1024;
+  RopeTable() = default;
+  // rot_dim even, <= kMaxRotDim. freq_factors: [rot_dim/2] or nullptr; ff >= 1e29 means omega 0.
+  void init(double base, int rot_dim, double scale, const float *freq_factors);
+  // cs: [n_pos][rot_dim/2][2] (cos, sin) for positions pos0 .. pos0 + n_pos - 1.
+  void fill(int64_t pos0, int n_pos, float *cs) const;
+  int rot_dim() const { return rot_dim_; }
+  double omega(int i) const { return omega_[i]; }
+
+ private:
+  int rot_dim_ = 0;
+  double omega_[kMaxRotDim / 2] = {};
+};
+
+// Causal (optionally sliding-window) attention for n_rows queries.
+// q:  [n_rows][n_head][head_dim]; query r is at absolute position q_pos0 + r.
+// k, v: cache rows; the key of absolute position p is at slot (p % kv_cap), [kv_cap][n_head_kv][head_dim].
+// Keys for positions [kv_begin(p), p] are visible to the query at p, where kv_begin is
+// max(0, p - window + 1) for sliding layers (window > 0) and 0 otherwise.
+// out: [n_rows][n_head][head_dim]. scratch: per-thread buffers of >= max visible keys floats.
+struct AttentionArgs {
+  const float *q;
+  const float *k;
+  const float *v;
+  float *out;
+  int n_rows;
+  int64_t q_pos0;
+  int64_t kv_cap;
+  int n_head, n_head_kv, head_dim;
+  int window;  // 0 = global
+  float scale;
+};
+void attention(const AttentionArgs &a, ThreadPool &pool);
+
+}  // namespace geist::cpu

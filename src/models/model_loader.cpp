@@ -1,0 +1,115 @@
+#include "models/model_loader.h"
+
+#include <cinttypes>
+
+namespace geist::models {
+
+Result<int64_t> HparamReader::get_int(std::string_view key) const {
+  const std::string k = full(key);
+  const gguf::Value *v = f_.find(k);
+  if (!v) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "missing required key '%s'", k.c_str());
+  auto i = v->as_int();
+  if (!i) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "key '%s' must be an integer", k.c_str());
+  return *i;
+}
+
+Result<int64_t> HparamReader::get_int_or(std::string_view key, int64_t dflt) const {
+  if (!f_.find(full(key))) return dflt;
+  return get_int(key);
+}
+
+Result<double> HparamReader::get_float(std::string_view key) const {
+  const std::string k = full(key);
+  const gguf::Value *v = f_.find(k);
+  if (!v) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "missing required key '%s'", k.c_str());
+  auto x = v->as_float();
+  if (!x) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "key '%s' must be a number", k.c_str());
+  return *x;
+}
+
+Result<double> HparamReader::get_float_or(std::string_view key, double dflt) const {
+  if (!f_.find(full(key))) return dflt;
+  return get_float(key);
+}
+
+Result<std::string> HparamReader::get_string_or(std::string_view key, std::string dflt) const {
+  const std::string k = full(key);
+  const gguf::Value *v = f_.find(k);
+  if (!v) return dflt;
+  auto s = v->as_string();
+  if (!s) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "key '%s' must be a string", k.c_str());
+  return std::string(*s);
+}
+
+Result<int64_t> HparamReader::get_layer_int(std::string_view key, int64_t n_layer) const {
+  const std::string k = full(key);
+  const gguf::Value *v = f_.find(k);
+  if (!v) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "missing required key '%s'", k.c_str());
+  if (!v->is_array()) return get_int(key);
+  if (static_cast<int64_t>(v->count) != n_layer) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT, "key '%s' has %" PRIu64 " entries for %lld layers", k.c_str(), v->count,
+                       (long long)n_layer);
+  }
+  int64_t first = 0;
+  for (uint64_t i = 0; i < v->count; ++i) {
+    auto x = v->array_int(i);
+    if (!x) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "key '%s' entry %" PRIu64 " is not an integer", k.c_str(), i);
+    if (i == 0) first = *x;
+    if (*x != first) {
+      return GEIST_ERROR(GEIST_E_UNSUPPORTED, "key '%s': per-layer values differ; this architecture needs them equal",
+                         k.c_str());
+    }
+  }
+  return first;
+}
+
+Result<const gguf::TensorInfo *> TensorBinder::find(const std::string &name) {
+  const gguf::TensorInfo *t = f_.tensor(name);
+  if (!t) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "missing tensor '%s'", name.c_str());
+  total_ += t->n_elements();
+  return t;
+}
+
+Result<WeightView> TensorBinder::matrix(const std::string &name, int64_t n_in, int64_t n_out) {
+  const gguf::TensorInfo *t = nullptr;
+  GEIST_ASSIGN_OR_RETURN(t, find(name));
+  if (t->n_dims != 2 || t->ne[0] != n_in || (n_out >= 0 && t->ne[1] != n_out) || t->ne[1] < 1) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT, "tensor '%s' has shape [%lld, %lld, %lld, %lld]; expected [%lld, %lld]",
+                       name.c_str(), (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                       (long long)t->ne[3], (long long)n_in, (long long)n_out);
+  }
+  const quant::TypeTraits &tt = quant::traits(t->type);
+  if (!tt.has_dequant) {
+    return GEIST_ERROR(GEIST_E_UNSUPPORTED, "tensor '%s' has type %s, which geist cannot compute with", name.c_str(),
+                       tt.name);
+  }
+  if (t->type == quant::GgmlType::F32 && reinterpret_cast<uintptr_t>(t->data) % alignof(float) != 0) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT, "tensor '%s' data is not 4-byte aligned in memory", name.c_str());
+  }
+  WeightView w;
+  w.data = t->data;
+  w.type = t->type;
+  w.n_in = t->ne[0];
+  w.n_out = t->ne[1];
+  w.row_bytes = quant::row_bytes(t->type, t->ne[0]);
+  return w;
+}
+
+Result<const float *> TensorBinder::vector(const std::string &name, int64_t n) {
+  const gguf::TensorInfo *t = nullptr;
+  GEIST_ASSIGN_OR_RETURN(t, find(name));
+  if (t->n_dims != 1 || t->ne[0] != n) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT, "tensor '%s' has %u dims, ne[0] = %lld; expected a vector of %lld",
+                       name.c_str(), t->n_dims, (long long)t->ne[0], (long long)n);
+  }
+  if (t->type != quant::GgmlType::F32) {
+    return GEIST_ERROR(GEIST_E_UNSUPPORTED, "tensor '%s' has type %s; geist expects F32 for norm weights",
+                       name.c_str(), quant::type_name(t->type));
+  }
+  if (reinterpret_cast<uintptr_t>(t->data) % alignof(float) != 0) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT, "tensor '%s' data is not 4-byte aligned in memory", name.c_str());
+  }
+  return reinterpret_cast<const float *>(t->data);
+}
+
+}  // namespace geist::models
