@@ -8,9 +8,14 @@
 //   GEIST_E_BAD_FORMAT    bad magic, truncated data, counts or sizes that overflow, tensor
 //                         data outside the file, misaligned tensor offsets, duplicate keys or
 //                         tensor names, bad dims, wrong type of general.alignment, ...
-//   GEIST_E_UNSUPPORTED   version other than 2/3, unknown metadata value type, unknown
-//                         tensor type id
+//   GEIST_E_UNSUPPORTED   version other than 2/3 (also big-endian files), unknown metadata
+//                         value type, unknown tensor type id, arrays nested deeper than
+//                         kMaxArrayDepth
 // The message names the problem and where (key name, tensor name, byte offset).
+// Accepted on purpose: tensors with zero elements (some ne == 0; n_bytes == 0, their
+// offset must still be aligned and inside the data section), known tensor types that
+// geist cannot dequantize (the model loader decides), nested arrays (validated, no
+// element access), extra bytes after the last tensor.
 #pragma once
 
 #include <cstddef>
@@ -21,10 +26,14 @@
 #include <string_view>
 #include <vector>
 
+#include "base/mapped_file.h"
 #include "base/status.h"
 #include "quant/ggml_type.h"
 
 namespace geist::gguf {
+
+// Deepest array-of-array nesting accepted (1 = a plain array).
+inline constexpr int kMaxArrayDepth = 16;
 
 enum class ValueType : uint32_t {
   UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6, BOOL = 7,
@@ -42,6 +51,8 @@ struct Value {
   const uint8_t *data = nullptr;           // scalar bytes, or first array element
   std::string_view str;                    // STRING only
   std::vector<std::string_view> strings;   // ARRAY of STRING only (views into the mapping)
+                                           // ARRAY of ARRAY: data points at the first
+                                           // nested array's header; no element access
 
   bool is_array() const { return type == ValueType::ARRAY; }
 
@@ -79,7 +90,9 @@ class GgufFile {
  public:
   // Map and validate a file. The mapping lives as long as the GgufFile.
   static Result<std::unique_ptr<GgufFile>> open(const std::string &path);
+  // An empty file gives GEIST_E_IO (it cannot be mapped); a missing one GEIST_E_IO.
   // Validate a caller-owned buffer (no copy); the caller keeps it alive and unchanged.
+  // size 0 gives GEIST_E_BAD_FORMAT; data == nullptr with size > 0 GEIST_E_INVALID_ARGUMENT.
   static Result<std::unique_ptr<GgufFile>> from_memory(const void *data, size_t size);
 
   ~GgufFile();
@@ -117,6 +130,7 @@ class GgufFile {
   const uint8_t *base_ = nullptr;
   size_t size_ = 0;
   bool owns_mapping_ = false;
+  MappedFile mapping_;  // set by open(); empty for from_memory
   uint32_t version_ = 0;
   size_t alignment_ = 32;
   uint64_t data_offset_ = 0;
