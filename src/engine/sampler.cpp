@@ -1,0 +1,97 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+namespace geist {
+namespace {
+uint64_t splitmix64(uint64_t &x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+}  // namespace
+
+Sampler::Sampler(const SamplerParams &p) : p_(p) { reset(); }
+
+void Sampler::reset() {
+  uint64_t x = p_.seed;
+  for (auto &s : s_) s = splitmix64(x);
+  history_.clear();
+}
+
+double Sampler::next_uniform() {
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return static_cast<double>(result >> 11) * 0x1.0p-53;
+}
+
+void Sampler::accept(int32_t token) {
+  if (p_.repeat_last_n <= 0) return;
+  history_.push_back(token);
+  while (static_cast<int>(history_.size()) > p_.repeat_last_n) history_.pop_front();
+}
+
+int32_t Sampler::sample(const float *logits, int64_t n_vocab) {
+  cand_.resize(static_cast<size_t>(n_vocab));
+  for (int64_t i = 0; i < n_vocab; ++i) cand_[i] = {logits[i], static_cast<int32_t>(i)};
+  if (p_.repeat_penalty != 1.0f && !history_.empty()) {
+    std::unordered_set<int32_t> seen(history_.begin(), history_.end());
+    for (int32_t t : seen) {
+      if (t < 0 || t >= n_vocab) continue;
+      float &l = cand_[t].first;
+      l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+    }
+  }
+  auto by_logit = [](const auto &a, const auto &b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  int32_t chosen;
+  if (p_.temperature <= 0.0f) {
+    chosen = std::min_element(cand_.begin(), cand_.end(), by_logit)->second;
+  } else {
+    size_t n = cand_.size();
+    if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) n = static_cast<size_t>(p_.top_k);
+    std::partial_sort(cand_.begin(), cand_.begin() + n, cand_.end(), by_logit);
+    cand_.resize(n);
+    // Probabilities at temperature 1 drive top-p and min-p (as llama.cpp's chain does).
+    const float mx = cand_[0].first;
+    std::vector<double> pr(n);
+    double sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += pr[i] = std::exp(double(cand_[i].first) - mx);
+    size_t keep = n;
+    if (p_.top_p < 1.0f) {
+      double cum = 0;
+      for (size_t i = 0; i < n; ++i) {
+        cum += pr[i] / sum;
+        if (cum >= p_.top_p) { keep = i + 1; break; }
+      }
+    }
+    if (p_.min_p > 0.0f) {
+      size_t k = 1;
+      while (k < keep && pr[k] >= p_.min_p * pr[0]) ++k;
+      keep = k;
+    }
+    cand_.resize(keep);
+    std::vector<double> w(keep);
+    double wsum = 0;
+    for (size_t i = 0; i < keep; ++i) wsum += w[i] = std::exp((double(cand_[i].first) - mx) / p_.temperature);
+    double u = next_uniform() * wsum;
+    chosen = cand_[keep - 1].second;
+    for (size_t i = 0; i < keep; ++i) {
+      if (u < w[i]) { chosen = cand_[i].second; break; }
+      u -= w[i];
+    }
+  }
+  accept(chosen);
+  return chosen;
+}
+
+}  // namespace geist

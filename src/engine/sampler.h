@@ -1,0 +1,41 @@
+// Token sampling from logits: repetition penalty, top-k, top-p, min-p, temperature, in
+// llama.cpp's default order (penalties, top-k, top-p, min-p, temperature, draw).
+// temperature <= 0 means greedy (argmax; ties -> lowest id). Deterministic for a seed:
+// the RNG is our own (xoshiro256**), not the platform's distributions.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+namespace geist {
+
+struct SamplerParams {
+  float temperature = 0.8f;
+  int top_k = 40;         // <= 0: off
+  float top_p = 0.95f;    // >= 1: off
+  float min_p = 0.05f;    // <= 0: off
+  float repeat_penalty = 1.0f;  // 1: off
+  int repeat_last_n = 64;
+  uint64_t seed = 0xC0FFEE;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplerParams &p);
+  // Pick a token from logits[n_vocab]; does not modify logits. Records the token in the
+  // penalty history.
+  int32_t sample(const float *logits, int64_t n_vocab);
+  void accept(int32_t token);  // add a prompt token to the penalty history
+  void reset();                // clear history, reseed
+  const SamplerParams &params() const { return p_; }
+
+ private:
+  double next_uniform();  // [0, 1)
+  SamplerParams p_;
+  uint64_t s_[4];
+  std::deque<int32_t> history_;
+  std::vector<std::pair<float, int32_t>> cand_;
+};
+
+}  // namespace geist
