@@ -1,2 +1,37 @@
+// geist: run language models locally from GGUF files.
 #include <cstdio>
-int main() { std::puts("geist"); return 0; }
+#include <map>
+
+#include "commands.h"
+
+int main(int argc, char **argv) {
+  CLI::App app{"geist: run language models locally from GGUF files"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", geist::cli::build_info());
+  std::map<CLI::App *, geist::cli::Runner> runners;
+  auto reg = [&](geist::cli::Runner (*add)(CLI::App &)) {
+    size_t before = app.get_subcommands({}).size();
+    geist::cli::Runner r = add(app);
+    runners[app.get_subcommands({})[before]] = std::move(r);
+  };
+  reg(geist::cli::add_run);
+  reg(geist::cli::add_perplexity);
+  reg(geist::cli::add_inspect);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp &e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp &e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion &e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError &e) {
+    std::fprintf(stderr, "geist: error: %s (see 'geist --help')\n", e.what());
+    return 2;
+  }
+  for (CLI::App *sub : app.get_subcommands()) {
+    auto it = runners.find(sub);
+    if (it != runners.end()) return it->second();
+  }
+  return 2;
+}
