@@ -379,17 +379,23 @@ Status place_tensors(std::vector<TensorInfo> *tensors, const uint8_t *base, size
   for (TensorInfo &t : *tensors) {
     if (t.offset % alignment != 0) {
       return GEIST_ERROR(GEIST_E_BAD_FORMAT,
-                         "tensor %s: data offset %llu is not a multiple of the alignment %zu",
+                         "tensor %s: data offset %llu (relative to the data section) is not a "
+                         "multiple of the alignment %zu",
                          quote(t.name).c_str(), static_cast<unsigned long long>(t.offset),
                          alignment);
     }
     if (t.offset > data_size || t.n_bytes > data_size - t.offset) {
+      // File offset of the data, unless data_offset + offset itself overflows.
+      uint64_t abs = 0;
+      std::string where = __builtin_add_overflow(data_offset, t.offset, &abs)
+                              ? strprintf("%llu + %llu", static_cast<unsigned long long>(data_offset),
+                                          static_cast<unsigned long long>(t.offset))
+                              : std::to_string(abs);
       return GEIST_ERROR(GEIST_E_BAD_FORMAT,
-                         "tensor %s: data [offset %llu, %zu bytes) lies outside the file (size "
+                         "tensor %s: data [offset %s, %zu bytes) lies outside the file (size "
                          "%zu, data section at %llu)",
-                         quote(t.name).c_str(),
-                         static_cast<unsigned long long>(data_offset + t.offset), t.n_bytes,
-                         size, static_cast<unsigned long long>(data_offset));
+                         quote(t.name).c_str(), where.c_str(), t.n_bytes, size,
+                         static_cast<unsigned long long>(data_offset));
     }
     t.data = base + data_offset + t.offset;
   }
@@ -406,9 +412,10 @@ Status place_tensors(std::vector<TensorInfo> *tensors, const uint8_t *base, size
       return GEIST_ERROR(GEIST_E_BAD_FORMAT,
                          "tensor %s: data [offset %llu, %zu bytes) overlaps tensor %s "
                          "[offset %llu, %zu bytes)",
-                         quote(b->name).c_str(), static_cast<unsigned long long>(b->offset),
-                         b->n_bytes, quote(a->name).c_str(),
-                         static_cast<unsigned long long>(a->offset), a->n_bytes);
+                         quote(b->name).c_str(),
+                         static_cast<unsigned long long>(data_offset + b->offset), b->n_bytes,
+                         quote(a->name).c_str(),
+                         static_cast<unsigned long long>(data_offset + a->offset), a->n_bytes);
     }
   }
   return Status::ok();
