@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <queue>
 #include <unordered_map>
@@ -471,10 +472,15 @@ std::string Tokenizer::token_to_piece(int32_t id, bool render_special) const {
     }
     case TokenType::Byte: {
       // "<0xXX>"; anything else renders as nothing.
-      unsigned v = 0;
-      if (s.size() == 6 && s.compare(0, 3, "<0x") == 0 && s[5] == '>' &&
-          std::sscanf(s.c_str() + 3, "%2x", &v) == 1) {
-        return std::string(1, static_cast<char>(v));
+      auto hex = [](char c) {
+        return c >= '0' && c <= '9' ? c - '0'
+               : c >= 'A' && c <= 'F' ? c - 'A' + 10
+               : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                      : -1;
+      };
+      if (s.size() == 6 && s.compare(0, 3, "<0x") == 0 && s[5] == '>' && hex(s[3]) >= 0 &&
+          hex(s[4]) >= 0) {
+        return std::string(1, static_cast<char>(hex(s[3]) * 16 + hex(s[4])));
       }
       return {};
     }
