@@ -2,6 +2,7 @@
 // partition, BOS/EOS, detokenization (whole and streaming), validation errors, and the
 // heap-based merge against a naive O(n^2) oracle on random inputs.
 #include "engine/tokenizer.h"
+#include "gguf/gguf_reader.h"
 
 #include <gtest/gtest.h>
 
@@ -461,5 +462,169 @@ TEST(Tokenizer, LongInputIsFast) {
   EXPECT_EQ(t.decode(out), spaces);
 }
 
+
+// ---------------------------------------------------------------------------------------
+// from_gguf on small GGUF images built in memory (v3, no tensors).
+
+class GgufImage {
+ public:
+  void str(const std::string &s) {
+    u64(s.size());
+    bytes_.insert(bytes_.end(), s.begin(), s.end());
+  }
+  void u32(uint32_t v) { raw(&v, 4); }
+  void u64(uint64_t v) { raw(&v, 8); }
+  void kv_str(const std::string &k, const std::string &v) {
+    str(k);
+    u32(8);
+    str(v);
+    ++n_kv_;
+  }
+  void kv_u32(const std::string &k, uint32_t v) {
+    str(k);
+    u32(4);
+    u32(v);
+    ++n_kv_;
+  }
+  void kv_bool(const std::string &k, bool v) {
+    str(k);
+    u32(7);
+    bytes_.push_back(v ? 1 : 0);
+    ++n_kv_;
+  }
+  void kv_strings(const std::string &k, const std::vector<std::string> &v) {
+    str(k);
+    u32(9);
+    u32(8);
+    u64(v.size());
+    for (const auto &s : v) str(s);
+    ++n_kv_;
+  }
+  // elem_type 4 = u32, 5 = i32, 6 = f32: 4-byte elements.
+  template <typename T>
+  void kv_array4(const std::string &k, uint32_t elem_type, const std::vector<T> &v) {
+    static_assert(sizeof(T) == 4);
+    str(k);
+    u32(9);
+    u32(elem_type);
+    u64(v.size());
+    for (const T &x : v) raw(&x, 4);
+    ++n_kv_;
+  }
+  std::vector<uint8_t> finish() const {
+    std::vector<uint8_t> out = {'G', 'G', 'U', 'F', 3, 0, 0, 0};
+    auto put64 = [&out](uint64_t v) {
+      for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+    };
+    put64(0);  // tensors
+    put64(n_kv_);
+    out.insert(out.end(), bytes_.begin(), bytes_.end());
+    while (out.size() % 32) out.push_back(0);
+    return out;
+  }
+
+ private:
+  void raw(const void *p, size_t n) {
+    const auto *b = static_cast<const uint8_t *>(p);
+    bytes_.insert(bytes_.end(), b, b + n);
+  }
+  std::vector<uint8_t> bytes_;
+  uint64_t n_kv_ = 0;
+};
+
+struct GgufCase {
+  std::string model = "llama";
+  bool with_tokens = true, with_scores = true, scores_f32 = true, types_u32 = false;
+  size_t n_scores = 4;
+};
+
+Result<Tokenizer> tokenizer_from_image(const GgufCase &c, std::vector<uint8_t> *keep) {
+  GgufImage g;
+  g.kv_str("tokenizer.ggml.model", c.model);
+  g.kv_str("tokenizer.ggml.pre", "default");
+  if (c.with_tokens) g.kv_strings("tokenizer.ggml.tokens", {"<pad>", "<eos>", "<bos>", "a"});
+  if (c.with_scores) {
+    std::vector<float> s(c.n_scores, 0.0f);
+    if (c.scores_f32) {
+      g.kv_array4("tokenizer.ggml.scores", 6, s);
+    } else {
+      g.kv_array4("tokenizer.ggml.scores", 5, std::vector<int32_t>(c.n_scores, 0));
+    }
+  }
+  const std::vector<int32_t> types = {3, 3, 3, 1};
+  if (c.types_u32) {
+    g.kv_array4("tokenizer.ggml.token_type", 4,
+                std::vector<uint32_t>(types.begin(), types.end()));
+  } else {
+    g.kv_array4("tokenizer.ggml.token_type", 5, types);
+  }
+  g.kv_u32("tokenizer.ggml.bos_token_id", 2);
+  g.kv_u32("tokenizer.ggml.eos_token_id", 1);
+  g.kv_u32("tokenizer.ggml.padding_token_id", 0);
+  g.kv_bool("tokenizer.ggml.add_space_prefix", false);
+  *keep = g.finish();
+  auto f = gguf::GgufFile::from_memory(keep->data(), keep->size());
+  if (!f.is_ok()) return f.status();
+  return Tokenizer::from_gguf(**f);
+}
+
+TEST(TokenizerGguf, ReadsKeys) {
+  std::vector<uint8_t> buf;
+  for (bool u32 : {false, true}) {
+    GgufCase c;
+    c.types_u32 = u32;
+    auto t = tokenizer_from_image(c, &buf);
+    ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+    EXPECT_EQ(t->n_vocab(), 4);
+    EXPECT_EQ(t->bos(), 2);
+    EXPECT_EQ(t->eos(), 1);
+    EXPECT_EQ(t->vocab().pad, 0);
+    EXPECT_EQ(t->vocab().unk, 0);  // llama.cpp's SPM default when the key is absent
+    EXPECT_TRUE(t->vocab().add_bos);
+    EXPECT_FALSE(t->vocab().add_space_prefix);
+    EXPECT_EQ(t->token_type(0), TokenType::Control);
+    EXPECT_EQ(enc(*t, "a", true), (std::vector<int32_t>{2, 3}));
+  }
+}
+
+TEST(TokenizerGguf, Errors) {
+  std::vector<uint8_t> buf;
+  {
+    GgufCase c;
+    c.model = "gemma4";
+    auto t = tokenizer_from_image(c, &buf);
+    EXPECT_EQ(t.status().code(), GEIST_E_UNSUPPORTED);
+    EXPECT_NE(t.status().message().find("gemma4"), std::string::npos);
+  }
+  {
+    GgufCase c;
+    c.with_tokens = false;
+    auto t = tokenizer_from_image(c, &buf);
+    EXPECT_EQ(t.status().code(), GEIST_E_BAD_FORMAT);
+    EXPECT_NE(t.status().message().find("tokenizer.ggml.tokens"), std::string::npos)
+        << t.status().message();
+  }
+  {
+    GgufCase c;
+    c.n_scores = 3;
+    auto t = tokenizer_from_image(c, &buf);
+    EXPECT_EQ(t.status().code(), GEIST_E_BAD_FORMAT);
+    EXPECT_NE(t.status().message().find("tokenizer.ggml.scores"), std::string::npos)
+        << t.status().message();
+  }
+  {
+    GgufCase c;
+    c.scores_f32 = false;
+    auto t = tokenizer_from_image(c, &buf);
+    EXPECT_EQ(t.status().code(), GEIST_E_BAD_FORMAT);
+    EXPECT_NE(t.status().message().find("f32"), std::string::npos) << t.status().message();
+  }
+  {
+    GgufCase c;
+    c.with_scores = false;  // optional: all scores 0
+    auto t = tokenizer_from_image(c, &buf);
+    EXPECT_TRUE(t.is_ok()) << t.status().to_string();
+  }
+}
 }  // namespace
 }  // namespace geist
