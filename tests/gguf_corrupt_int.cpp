@@ -475,6 +475,14 @@ TEST_F(GgufCorrupt, WriterCases) {
       }
     }
   }
+  {  // A huge key is cut in messages.
+    MiniWriter w;
+    w.key(std::string(100000, 'k'), 200);
+    Bytes b = w.finish();
+    expect_error("long_key_bad_type", b, GEIST_E_UNSUPPORTED, {"kkkk'...", "unknown value type 200"});
+    auto r = GgufFile::from_memory(b.data(), b.size());
+    EXPECT_LT(r.status().message().size(), 300u);
+  }
   {  // Empty file structure: no KVs, no tensors, no padding needed.
     MiniWriter w;
     Bytes b = w.finish();

@@ -100,7 +100,11 @@ struct Cursor {
   }
 };
 
+// Quoted for messages; control bytes escaped, long names cut to keep messages short.
 std::string quote(std::string_view s) {
+  constexpr size_t kMaxShown = 128;
+  bool cut = s.size() > kMaxShown;
+  if (cut) s = s.substr(0, kMaxShown);
   std::string out = "'";
   for (char c : s) {
     unsigned char u = static_cast<unsigned char>(c);
@@ -110,7 +114,7 @@ std::string quote(std::string_view s) {
       out += c;
     }
   }
-  return out + "'";
+  return out + (cut ? "'..." : "'");
 }
 
 Status parse_value(Cursor &cur, ValueType type, const std::string &where, int depth, Value *out);
@@ -253,6 +257,12 @@ Status parse_header(Cursor &cur, uint32_t *version, uint64_t *tensor_count, uint
                        "header (with %llu metadata entries)",
                        static_cast<unsigned long long>(*tensor_count),
                        static_cast<unsigned long long>(rem),
+                       static_cast<unsigned long long>(*kv_count));
+  }
+  // Index entries are 32-bit (a real file has far fewer than 2^32 keys or tensors).
+  if (*kv_count > UINT32_MAX || *tensor_count > UINT32_MAX) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT, "tensor_count %llu or kv_count %llu exceeds 2^32",
+                       static_cast<unsigned long long>(*tensor_count),
                        static_cast<unsigned long long>(*kv_count));
   }
   return Status::ok();
