@@ -49,12 +49,14 @@ struct Layout {
   size_t infos_end = 0;
 
   const Kv &kv(const std::string &k) const {
-    for (const Kv &e : kvs) if (e.key == k) return e;
+    for (const Kv &e : kvs)
+      if (e.key == k) return e;
     ADD_FAILURE() << "no key " << k;
     return kvs.at(0);
   }
   const Ti &ti(const std::string &n) const {
-    for (const Ti &e : tis) if (e.name == n) return e;
+    for (const Ti &e : tis)
+      if (e.name == n) return e;
     ADD_FAILURE() << "no tensor " << n;
     return tis.at(0);
   }
@@ -119,7 +121,9 @@ struct MiniWriter {
     b.insert(b.end(), c, c + n);
   }
   template <typename T>
-  static void num(Bytes &b, T v) { raw(b, &v, sizeof v); }
+  static void num(Bytes &b, T v) {
+    raw(b, &v, sizeof v);
+  }
   static void str(Bytes &b, std::string_view s) {
     num<uint64_t>(b, s.size());
     raw(b, s.data(), s.size());
@@ -288,10 +292,10 @@ TEST_F(GgufCorrupt, CountsThatCannotFit) {
 
 TEST_F(GgufCorrupt, StringLengths) {
   const Layout::Kv &name = L_.kv("general.name");
-  expect_error("key_len_huge",
-               patched([&](Bytes &b) { put<uint64_t>(b, name.key_len_off, UINT64_MAX); }),
-               GEIST_E_BAD_FORMAT,
-               {"key at offset " + std::to_string(name.key_len_off), "length 18446744073709551615"});
+  expect_error(
+      "key_len_huge", patched([&](Bytes &b) { put<uint64_t>(b, name.key_len_off, UINT64_MAX); }),
+      GEIST_E_BAD_FORMAT,
+      {"key at offset " + std::to_string(name.key_len_off), "length 18446744073709551615"});
   expect_error("string_value_len_huge",
                patched([&](Bytes &b) { put<uint64_t>(b, name.value_off, 1ull << 62); }),
                GEIST_E_BAD_FORMAT, {"key 'general.name'", "string value", "has length"});
@@ -315,8 +319,8 @@ TEST_F(GgufCorrupt, ValueTypesAndBools) {
                GEIST_E_UNSUPPORTED, {"key 'test.u8'", "unknown value type 2147483648"});
   const Layout::Kv &arr = L_.kv("test.arr_i16");
   expect_error("unknown_array_elem_type",
-               patched([&](Bytes &b) { put<uint32_t>(b, arr.value_off, 99); }),
-               GEIST_E_UNSUPPORTED, {"key 'test.arr_i16'", "unknown array element type 99"});
+               patched([&](Bytes &b) { put<uint32_t>(b, arr.value_off, 99); }), GEIST_E_UNSUPPORTED,
+               {"key 'test.arr_i16'", "unknown array element type 99"});
   const Layout::Kv &bos = L_.kv("tokenizer.ggml.add_bos_token");
   ASSERT_EQ(bos.type, 7u);
   expect_error("bad_bool", patched([&](Bytes &b) { b[bos.value_off] = 2; }), GEIST_E_BAD_FORMAT,
@@ -352,8 +356,8 @@ TEST_F(GgufCorrupt, TensorDims) {
     expect_error("n_dims_" + std::to_string(n),
                  patched([&](Bytes &b) { put<uint32_t>(b, emb.n_dims_off, n); }),
                  GEIST_E_BAD_FORMAT,
-                 {"tensor 'token_embd.weight'", "n_dims " + std::to_string(n) + " at offset " +
-                                                    std::to_string(emb.n_dims_off)});
+                 {"tensor 'token_embd.weight'",
+                  "n_dims " + std::to_string(n) + " at offset " + std::to_string(emb.n_dims_off)});
   }
   expect_error("ne_negative", patched([&](Bytes &b) { put<int64_t>(b, emb.ne_off + 8, -1); }),
                GEIST_E_BAD_FORMAT, {"tensor 'token_embd.weight'", "ne[1] = -1", "negative"});
@@ -361,7 +365,8 @@ TEST_F(GgufCorrupt, TensorDims) {
                  put<int64_t>(b, emb.ne_off, std::numeric_limits<int64_t>::min());
                }),
                GEIST_E_BAD_FORMAT, {"ne[0] = -9223372036854775808"});
-  expect_error("ne_huge_outside", patched([&](Bytes &b) { put<int64_t>(b, emb.ne_off + 8, 1ll << 40); }),
+  expect_error("ne_huge_outside",
+               patched([&](Bytes &b) { put<int64_t>(b, emb.ne_off + 8, 1ll << 40); }),
                GEIST_E_BAD_FORMAT, {"tensor 'token_embd.weight'", "lies outside the file"});
   const Layout::Ti &t4 = L_.ti("test.f32_4d");
   ASSERT_EQ(t4.n_dims, 4u);
@@ -380,9 +385,10 @@ TEST_F(GgufCorrupt, TensorDims) {
                  put<int64_t>(b, t4.ne_off + 24, 1);
                }),
                GEIST_E_BAD_FORMAT, {"tensor 'test.f32_4d'", "data size", "overflows"});
-  expect_error("ne0_not_block_multiple", patched([&](Bytes &b) { put<int64_t>(b, emb.ne_off, 63); }),
-               GEIST_E_BAD_FORMAT,
-               {"tensor 'token_embd.weight'", "ne[0] = 63 is not a multiple of the Q8_0 block size 32"});
+  expect_error(
+      "ne0_not_block_multiple", patched([&](Bytes &b) { put<int64_t>(b, emb.ne_off, 63); }),
+      GEIST_E_BAD_FORMAT,
+      {"tensor 'token_embd.weight'", "ne[0] = 63 is not a multiple of the Q8_0 block size 32"});
   // Zero-element tensors are accepted (n_bytes 0).
   Bytes zero = patched([&](Bytes &b) { put<int64_t>(b, emb.ne_off + 8, 0); });
   auto r = GgufFile::from_memory(zero.data(), zero.size());
@@ -395,14 +401,16 @@ TEST_F(GgufCorrupt, TensorTypes) {
   const Layout::Ti &emb = L_.ti("token_embd.weight");
   for (uint32_t ty : {4u, 5u, 31u, 63u, 64u, 1000u}) {
     expect_error("tensor_type_" + std::to_string(ty),
-                 patched([&](Bytes &b) { put<uint32_t>(b, emb.type_off, ty); }), GEIST_E_UNSUPPORTED,
+                 patched([&](Bytes &b) { put<uint32_t>(b, emb.type_off, ty); }),
+                 GEIST_E_UNSUPPORTED,
                  {"tensor 'token_embd.weight'", "unknown tensor type id " + std::to_string(ty),
                   "offset " + std::to_string(emb.type_off)});
   }
   // A known type without a dequantizer (Q8_K, block 256) is accepted by the reader; the
   // shape must still fit its block size.
-  expect_error("known_type_bad_block", patched([&](Bytes &b) { put<uint32_t>(b, emb.type_off, 15); }),
-               GEIST_E_BAD_FORMAT, {"not a multiple of the Q8_K block size 256"});
+  expect_error("known_type_bad_block",
+               patched([&](Bytes &b) { put<uint32_t>(b, emb.type_off, 15); }), GEIST_E_BAD_FORMAT,
+               {"not a multiple of the Q8_K block size 256"});
   Bytes i8 = patched([&](Bytes &b) { put<uint32_t>(b, emb.type_off, 24); });  // I8, 512 bytes
   auto r = GgufFile::from_memory(i8.data(), i8.size());
   ASSERT_TRUE(r.is_ok()) << r.status().to_string();
@@ -422,10 +430,11 @@ TEST_F(GgufCorrupt, TensorOffsets) {
                GEIST_E_BAD_FORMAT,
                {"tensor '" + last.name + "'", "lies outside the file",
                 "size " + std::to_string(tiny_.size())});
-  expect_error("offset_max", patched([&](Bytes &b) {
-                 put<uint64_t>(b, last.offset_off, UINT64_MAX - 63);
-               }),
-               GEIST_E_BAD_FORMAT, {"[offset " + std::to_string(data_offset_) + " + 18446744073709551552, 96 bytes) lies outside"});
+  expect_error("offset_max",
+               patched([&](Bytes &b) { put<uint64_t>(b, last.offset_off, UINT64_MAX - 63); }),
+               GEIST_E_BAD_FORMAT,
+               {"[offset " + std::to_string(data_offset_) +
+                " + 18446744073709551552, 96 bytes) lies outside"});
   const Layout::Ti &norm = L_.ti("blk.0.attn_norm.weight");
   expect_error("overlap", patched([&](Bytes &b) { put<uint64_t>(b, norm.offset_off, 512); }),
                GEIST_E_BAD_FORMAT,
@@ -439,9 +448,10 @@ TEST_F(GgufCorrupt, Alignment) {
   const Layout::Kv &al = L_.kv("general.alignment");
   ASSERT_EQ(al.type, 4u);
   for (uint32_t a : {0u, 48u, 3u, 0xffffffffu}) {
-    expect_error("alignment_" + std::to_string(a),
-                 patched([&](Bytes &b) { put<uint32_t>(b, al.value_off, a); }), GEIST_E_BAD_FORMAT,
-                 {"'general.alignment'", "is " + std::to_string(a) + ", not a nonzero power of two"});
+    expect_error(
+        "alignment_" + std::to_string(a),
+        patched([&](Bytes &b) { put<uint32_t>(b, al.value_off, a); }), GEIST_E_BAD_FORMAT,
+        {"'general.alignment'", "is " + std::to_string(a) + ", not a nonzero power of two"});
   }
   expect_error("alignment_wrong_type", patched([&](Bytes &b) { put<uint32_t>(b, al.type_off, 5); }),
                GEIST_E_BAD_FORMAT, {"'general.alignment'", "has type INT32, expected UINT32"});
@@ -479,7 +489,8 @@ TEST_F(GgufCorrupt, WriterCases) {
     MiniWriter w;
     w.key(std::string(100000, 'k'), 200);
     Bytes b = w.finish();
-    expect_error("long_key_bad_type", b, GEIST_E_UNSUPPORTED, {"kkkk'...", "unknown value type 200"});
+    expect_error("long_key_bad_type", b, GEIST_E_UNSUPPORTED,
+                 {"kkkk'...", "unknown value type 200"});
     auto r = GgufFile::from_memory(b.data(), b.size());
     EXPECT_LT(r.status().message().size(), 300u);
   }

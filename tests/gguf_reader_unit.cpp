@@ -34,7 +34,9 @@ bool is_int_type(const std::string &t) {
   return t == "UINT8" || t == "INT8" || t == "UINT16" || t == "INT16" || t == "UINT32" ||
          t == "INT32" || t == "UINT64" || t == "INT64";
 }
-bool is_float_type(const std::string &t) { return t == "FLOAT32" || t == "FLOAT64"; }
+bool is_float_type(const std::string &t) {
+  return t == "FLOAT32" || t == "FLOAT64";
+}
 
 // One scalar (of JSON type name `type`) compared through every accessor that must accept it.
 void check_scalar(const std::string &key, const std::string &type, const Value &v, const json &e) {

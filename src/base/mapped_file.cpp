@@ -11,7 +11,9 @@
 
 namespace geist {
 
-MappedFile::~MappedFile() { reset(); }
+MappedFile::~MappedFile() {
+  reset();
+}
 
 MappedFile::MappedFile(MappedFile &&other) noexcept
     : path_(std::move(other.path_)),
@@ -56,8 +58,7 @@ Result<MappedFile> MappedFile::open(const std::string &path) {
   }
   if (st.st_size <= 0) {
     ::close(fd);
-    return GEIST_ERROR(GEIST_E_IO, "cannot map '%s': the file is empty (0 bytes)",
-                       path.c_str());
+    return GEIST_ERROR(GEIST_E_IO, "cannot map '%s': the file is empty (0 bytes)", path.c_str());
   }
   size_t size = static_cast<size_t>(st.st_size);
   void *p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);

@@ -26,24 +26,38 @@ namespace {
 constexpr char kMagic[4] = {'G', 'G', 'U', 'F'};
 constexpr size_t kHeaderBytes = 4 + 4 + 8 + 8;
 // Smallest possible encodings, used to bound counts before reserving memory.
-constexpr uint64_t kMinKvBytes = 8 + 4 + 1;          // empty key, type, u8 value
+constexpr uint64_t kMinKvBytes = 8 + 4 + 1;                  // empty key, type, u8 value
 constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;  // empty name, 1 dim
-constexpr uint64_t kMinArrayBytes = 4 + 8;            // elem type + count
-constexpr uint64_t kMinStringBytes = 8;               // length only
+constexpr uint64_t kMinArrayBytes = 4 + 8;                   // elem type + count
+constexpr uint64_t kMinStringBytes = 8;                      // length only
 constexpr uint32_t kDefaultAlignment = 32;
 
 // Bytes of one scalar of type t; 0 for STRING, ARRAY and unknown types.
 size_t scalar_size(ValueType t) {
   switch (t) {
-    case ValueType::UINT8: case ValueType::INT8: case ValueType::BOOL: return 1;
-    case ValueType::UINT16: case ValueType::INT16: return 2;
-    case ValueType::UINT32: case ValueType::INT32: case ValueType::FLOAT32: return 4;
-    case ValueType::UINT64: case ValueType::INT64: case ValueType::FLOAT64: return 8;
-    default: return 0;
+    case ValueType::UINT8:
+    case ValueType::INT8:
+    case ValueType::BOOL:
+      return 1;
+    case ValueType::UINT16:
+    case ValueType::INT16:
+      return 2;
+    case ValueType::UINT32:
+    case ValueType::INT32:
+    case ValueType::FLOAT32:
+      return 4;
+    case ValueType::UINT64:
+    case ValueType::INT64:
+    case ValueType::FLOAT64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
-bool is_valid_type(uint32_t t) { return t < static_cast<uint32_t>(ValueType::COUNT); }
+bool is_valid_type(uint32_t t) {
+  return t < static_cast<uint32_t>(ValueType::COUNT);
+}
 
 template <typename T>
 T load(const uint8_t *p) {
@@ -138,13 +152,15 @@ Status parse_array(Cursor &cur, const std::string &where, int depth, Value *out)
   GEIST_RETURN_IF_ERROR(cur.read(&count, "array count", where));
   ValueType et = static_cast<ValueType>(elem);
   size_t esize = scalar_size(et);
-  uint64_t min_elem = esize != 0 ? esize : et == ValueType::STRING ? kMinStringBytes : kMinArrayBytes;
+  uint64_t min_elem = esize != 0                ? esize
+                      : et == ValueType::STRING ? kMinStringBytes
+                                                : kMinArrayBytes;
   if (count > cur.remaining() / min_elem) {
     return GEIST_ERROR(GEIST_E_BAD_FORMAT,
                        "%s: array of %llu %s elements at offset %zu cannot fit in the %zu "
                        "bytes that remain",
-                       where.c_str(), static_cast<unsigned long long>(count),
-                       value_type_name(et), count_at, cur.remaining());
+                       where.c_str(), static_cast<unsigned long long>(count), value_type_name(et),
+                       count_at, cur.remaining());
   }
   out->elem_type = et;
   out->count = count;
@@ -202,7 +218,8 @@ Status parse_value(Cursor &cur, ValueType type, const std::string &where, int de
 
 // Sorted index of names; returns the first duplicate pair (positions in file order) if any.
 template <typename NameOf>
-std::vector<uint32_t> sorted_index(size_t n, NameOf name_of, std::optional<std::pair<uint32_t, uint32_t>> *dup) {
+std::vector<uint32_t> sorted_index(size_t n, NameOf name_of,
+                                   std::optional<std::pair<uint32_t, uint32_t>> *dup) {
   std::vector<uint32_t> idx(n);
   for (size_t i = 0; i < n; ++i) idx[i] = static_cast<uint32_t>(i);
   std::stable_sort(idx.begin(), idx.end(),
@@ -220,8 +237,8 @@ std::vector<uint32_t> sorted_index(size_t n, NameOf name_of, std::optional<std::
 Status parse_header(Cursor &cur, uint32_t *version, uint64_t *tensor_count, uint64_t *kv_count) {
   if (cur.size < kHeaderBytes) {
     return GEIST_ERROR(GEIST_E_BAD_FORMAT,
-                       "not a GGUF file: %zu bytes is shorter than the %zu-byte header",
-                       cur.size, kHeaderBytes);
+                       "not a GGUF file: %zu bytes is shorter than the %zu-byte header", cur.size,
+                       kHeaderBytes);
   }
   const uint8_t *m = cur.take(4);
   if (std::memcmp(m, kMagic, 4) != 0) {
@@ -320,10 +337,9 @@ Status parse_tensor_info(Cursor &cur, uint64_t i, TensorInfo *t) {
   }
   if (overflow) {
     return GEIST_ERROR(GEIST_E_BAD_FORMAT,
-                       "%s: element count %lld x %lld x %lld x %lld overflows int64",
-                       ctx.c_str(), static_cast<long long>(t->ne[0]),
-                       static_cast<long long>(t->ne[1]), static_cast<long long>(t->ne[2]),
-                       static_cast<long long>(t->ne[3]));
+                       "%s: element count %lld x %lld x %lld x %lld overflows int64", ctx.c_str(),
+                       static_cast<long long>(t->ne[0]), static_cast<long long>(t->ne[1]),
+                       static_cast<long long>(t->ne[2]), static_cast<long long>(t->ne[3]));
   }
   at = cur.pos;
   uint32_t type = 0;
@@ -336,8 +352,8 @@ Status parse_tensor_info(Cursor &cur, uint64_t i, TensorInfo *t) {
   t->type = static_cast<quant::GgmlType>(type);
   if (t->ne[0] % tt->block_size != 0) {
     return GEIST_ERROR(GEIST_E_BAD_FORMAT,
-                       "%s: ne[0] = %lld is not a multiple of the %s block size %lld",
-                       ctx.c_str(), static_cast<long long>(t->ne[0]), tt->name,
+                       "%s: ne[0] = %lld is not a multiple of the %s block size %lld", ctx.c_str(),
+                       static_cast<long long>(t->ne[0]), tt->name,
                        static_cast<long long>(tt->block_size));
   }
   // Bytes = blocks * block_bytes; blocks <= n_elem < 2^63, so only the multiply can overflow.
@@ -397,10 +413,11 @@ Status place_tensors(std::vector<TensorInfo> *tensors, const uint8_t *base, size
     if (t.offset > data_size || t.n_bytes > data_size - t.offset) {
       // File offset of the data, unless data_offset + offset itself overflows.
       uint64_t abs = 0;
-      std::string where = __builtin_add_overflow(data_offset, t.offset, &abs)
-                              ? strprintf("%llu + %llu", static_cast<unsigned long long>(data_offset),
-                                          static_cast<unsigned long long>(t.offset))
-                              : std::to_string(abs);
+      std::string where =
+          __builtin_add_overflow(data_offset, t.offset, &abs)
+              ? strprintf("%llu + %llu", static_cast<unsigned long long>(data_offset),
+                          static_cast<unsigned long long>(t.offset))
+              : std::to_string(abs);
       return GEIST_ERROR(GEIST_E_BAD_FORMAT,
                          "tensor %s: data [offset %s, %zu bytes) lies outside the file (size "
                          "%zu, data section at %llu)",
@@ -434,9 +451,9 @@ Status place_tensors(std::vector<TensorInfo> *tensors, const uint8_t *base, size
 }  // namespace
 
 const char *value_type_name(ValueType t) {
-  static const char *const kNames[] = {"UINT8", "INT8",   "UINT16", "INT16", "UINT32",
-                                       "INT32", "FLOAT32", "BOOL",  "STRING", "ARRAY",
-                                       "UINT64", "INT64", "FLOAT64"};
+  static const char *const kNames[] = {"UINT8",  "INT8",    "UINT16", "INT16",  "UINT32",
+                                       "INT32",  "FLOAT32", "BOOL",   "STRING", "ARRAY",
+                                       "UINT64", "INT64",   "FLOAT64"};
   uint32_t i = static_cast<uint32_t>(t);
   return i < static_cast<uint32_t>(ValueType::COUNT) ? kNames[i] : "UNKNOWN";
 }
@@ -449,15 +466,36 @@ namespace {
 bool load_integer(ValueType t, const uint8_t *p, bool *negative, uint64_t *magnitude_or_bits) {
   int64_t s = 0;
   switch (t) {
-    case ValueType::UINT8: *negative = false; *magnitude_or_bits = load<uint8_t>(p); return true;
-    case ValueType::UINT16: *negative = false; *magnitude_or_bits = load<uint16_t>(p); return true;
-    case ValueType::UINT32: *negative = false; *magnitude_or_bits = load<uint32_t>(p); return true;
-    case ValueType::UINT64: *negative = false; *magnitude_or_bits = load<uint64_t>(p); return true;
-    case ValueType::INT8: s = load<int8_t>(p); break;
-    case ValueType::INT16: s = load<int16_t>(p); break;
-    case ValueType::INT32: s = load<int32_t>(p); break;
-    case ValueType::INT64: s = load<int64_t>(p); break;
-    default: return false;
+    case ValueType::UINT8:
+      *negative = false;
+      *magnitude_or_bits = load<uint8_t>(p);
+      return true;
+    case ValueType::UINT16:
+      *negative = false;
+      *magnitude_or_bits = load<uint16_t>(p);
+      return true;
+    case ValueType::UINT32:
+      *negative = false;
+      *magnitude_or_bits = load<uint32_t>(p);
+      return true;
+    case ValueType::UINT64:
+      *negative = false;
+      *magnitude_or_bits = load<uint64_t>(p);
+      return true;
+    case ValueType::INT8:
+      s = load<int8_t>(p);
+      break;
+    case ValueType::INT16:
+      s = load<int16_t>(p);
+      break;
+    case ValueType::INT32:
+      s = load<int32_t>(p);
+      break;
+    case ValueType::INT64:
+      s = load<int64_t>(p);
+      break;
+    default:
+      return false;
   }
   *negative = s < 0;
   *magnitude_or_bits = static_cast<uint64_t>(s);  // two's complement bits when negative
@@ -527,9 +565,15 @@ std::string string_to_display(std::string_view s) {
 
 }  // namespace
 
-std::optional<uint64_t> Value::as_uint() const { return to_uint(type, data); }
-std::optional<int64_t> Value::as_int() const { return to_int(type, data); }
-std::optional<double> Value::as_float() const { return to_float(type, data); }
+std::optional<uint64_t> Value::as_uint() const {
+  return to_uint(type, data);
+}
+std::optional<int64_t> Value::as_int() const {
+  return to_int(type, data);
+}
+std::optional<double> Value::as_float() const {
+  return to_float(type, data);
+}
 
 std::optional<bool> Value::as_bool() const {
   if (type != ValueType::BOOL || data == nullptr) return std::nullopt;
@@ -617,7 +661,8 @@ Status GgufFile::parse() {
   std::vector<size_t> key_offsets;
   GEIST_RETURN_IF_ERROR(parse_kvs(cur, kv_count, &kv_, &key_offsets));
   std::optional<std::pair<uint32_t, uint32_t>> dup;
-  kv_index_ = sorted_index(kv_.size(), [&](uint32_t i) -> const std::string & { return kv_[i].first; }, &dup);
+  kv_index_ = sorted_index(
+      kv_.size(), [&](uint32_t i) -> const std::string & { return kv_[i].first; }, &dup);
   if (dup) {
     return GEIST_ERROR(GEIST_E_BAD_FORMAT, "duplicate metadata key %s at offsets %zu and %zu",
                        quote(kv_[dup->first].first).c_str(), key_offsets[dup->first],
