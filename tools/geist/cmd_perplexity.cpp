@@ -2,6 +2,7 @@
 // tool does: tokenize with BOS, split into windows of n_ctx tokens, put BOS at the start of
 // every window, and score the predictions of the second half of each window
 // (positions n_ctx/2 .. n_ctx-2 predicting the next token).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "base/timer.h"
 #include "commands.h"
+#include "engine/perplexity.h"
 #include "engine/session.h"
 
 namespace geist::cli {
@@ -22,15 +24,6 @@ struct PplOptions {
   int chunks = -1;
 };
 
-// -log softmax(logits)[target], in double.
-double nll_of(const float *logits, int64_t n_vocab, int32_t target) {
-  float mx = logits[0];
-  for (int64_t i = 1; i < n_vocab; ++i) mx = std::max(mx, logits[i]);
-  double sum = 0;
-  for (int64_t i = 0; i < n_vocab; ++i) sum += std::exp(double(logits[i]) - mx);
-  return std::log(sum) - (double(logits[target]) - mx);
-}
-
 int perplexity(const PplOptions &o) {
   std::string text;
   if (!read_text_file(o.file, &text)) return 1;
@@ -38,53 +31,28 @@ int perplexity(const PplOptions &o) {
   if (!model) return 1;
   std::vector<int32_t> tokens;
   if (Status s = model->tokenizer().encode(text, true, false, &tokens); !s) return report(s);
-  const int n_ctx = o.n_ctx;
-  if (tokens.size() < 2 * size_t(n_ctx)) {
-    std::fprintf(stderr, "geist: error: need at least %d tokens for --ctx %d, the file has %zu\n", 2 * n_ctx, n_ctx,
-                 tokens.size());
+  if (tokens.size() < 2 * size_t(o.n_ctx)) {
+    std::fprintf(stderr, "geist: error: need at least %d tokens for --ctx %d, the file has %zu\n", 2 * o.n_ctx,
+                 o.n_ctx, tokens.size());
     return 1;
   }
-  int n_chunk = static_cast<int>(tokens.size() / n_ctx);
-  if (o.chunks > 0 && o.chunks < n_chunk) n_chunk = o.chunks;
-
   SessionParams sp;
-  sp.n_ctx = n_ctx;
-  sp.chunk = std::min(o.batch, n_ctx);
+  sp.n_ctx = o.n_ctx;
+  sp.chunk = std::min(o.batch, o.n_ctx);
   sp.n_threads = o.threads;
   Result<std::unique_ptr<Session>> sr = Session::create(*model, sp);
   if (!sr) return report(sr.status());
-  Session &s = **sr;
-  const int64_t nv = s.n_vocab();
-  const int first = n_ctx / 2;
-  std::vector<float> logits(size_t(n_ctx - first) * nv);
-  const bool add_bos = model->tokenizer().vocab().add_bos;
-  std::fprintf(stderr, "perplexity: %zu tokens, %d chunks of %d, scoring positions %d..%d of each\n", tokens.size(),
-               n_chunk, n_ctx, first, n_ctx - 2);
-
-  double nll = 0, nll2 = 0;
-  int64_t count = 0;
+  std::fprintf(stderr, "perplexity: %zu tokens, windows of %d, scoring positions %d..%d of each\n", tokens.size(),
+               o.n_ctx, o.n_ctx / 2, o.n_ctx - 2);
   Timer t;
-  for (int c = 0; c < n_chunk; ++c) {
-    std::vector<int32_t> win(tokens.begin() + size_t(c) * n_ctx, tokens.begin() + size_t(c + 1) * n_ctx);
-    if (add_bos) win[0] = model->tokenizer().bos();
-    s.clear();
-    if (Status e = s.prefill_with_logits(win.data(), win.size(), first, logits.data()); !e) return report(e);
-    for (int j = first; j < n_ctx - 1; ++j) {
-      const double v = nll_of(logits.data() + size_t(j - first) * nv, nv, tokens[size_t(c) * n_ctx + j + 1]);
-      nll += v;
-      nll2 += v * v;
-      ++count;
-    }
-    std::printf("[%d]%.4f,", c + 1, std::exp(nll / count));
+  Result<PerplexityResult> r = compute_perplexity(**sr, tokens, o.n_ctx, o.chunks, [](int w, double ppl) {
+    std::printf("[%d]%.4f,", w + 1, ppl);
     std::fflush(stdout);
-  }
-  const double mean = nll / count;
-  const double var = nll2 / count - mean * mean;
-  const double ppl = std::exp(mean);
-  const double err = count > 1 ? ppl * std::sqrt(std::max(0.0, var) / (count - 1)) : 0.0;
-  std::printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", ppl, err);
-  std::fprintf(stderr, "perplexity: %lld predictions, %.1f s (%.1f tokens/s)\n", (long long)count, t.seconds(),
-               double(n_chunk) * n_ctx / t.seconds());
+  });
+  if (!r) return report(r.status());
+  std::printf("\nFinal estimate: PPL = %.4f +/- %.5f\n", r->ppl, r->ppl_stderr);
+  std::fprintf(stderr, "perplexity: %lld predictions in %d windows, %.1f s (%.1f tokens/s)\n", (long long)r->n_scored,
+               r->n_windows, t.seconds(), double(r->n_windows) * o.n_ctx / t.seconds());
   return 0;
 }
 

@@ -1,0 +1,158 @@
+#include "quant/dot.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "quant/quant.h"
+
+namespace geist::quant {
+namespace {
+
+// Round half to even, as ggml's nearest_int and _mm256_round_ps(_MM_ROUND_NEAREST) do.
+inline int round_even(float v) { return static_cast<int>(std::nearbyint(v)); }
+
+void quantize_q8_0(const float *x, int64_t k, QuantizedRow *row) {
+  for (int64_t b = 0; b < k / 32; ++b) {
+    const float *xb = x + b * 32;
+    float amax = 0.0f;
+    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    row->d[b] = fp16_to_fp32(fp32_to_fp16(d));
+    for (int j = 0; j < 32; ++j) row->q[b * 32 + j] = static_cast<int8_t>(round_even(xb[j] * id));
+  }
+}
+
+void quantize_q8_k(const float *x, int64_t k, QuantizedRow *row) {
+  for (int64_t b = 0; b < k / 256; ++b) {
+    const float *xb = x + b * 256;
+    float amax = 0.0f, mx = 0.0f;
+    for (int j = 0; j < 256; ++j) {
+      const float ax = std::fabs(xb[j]);
+      if (ax > amax) {
+        amax = ax;
+        mx = xb[j];
+      }
+    }
+    if (amax == 0.0f) {
+      row->d[b] = 0.0f;
+      std::memset(&row->q[b * 256], 0, 256);
+      continue;
+    }
+    const float iscale = -127.0f / mx;
+    for (int j = 0; j < 256; ++j) {
+      const int v = round_even(iscale * xb[j]);
+      row->q[b * 256 + j] = static_cast<int8_t>(v < 127 ? v : 127);
+    }
+    row->d[b] = 1.0f / iscale;
+  }
+}
+
+// Header bytes of the super-scale fields of each block, so that a block can be turned
+// into its integer form by dequantizing it with d = 1 (and dmin = 0), then with d = 0 and
+// dmin = 1 for the mins. The products scale * quant are integers below 2^11, exact in f32.
+struct ScaleFields {
+  int d_off;     // byte offset of the f16 d
+  int dmin_off;  // byte offset of the f16 dmin, -1 if none
+};
+bool scale_fields(GgmlType t, ScaleFields *f) {
+  switch (t) {
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: *f = {0, -1}; return true;
+    case GgmlType::Q2_K: *f = {80, 82}; return true;
+    case GgmlType::Q3_K: *f = {108, -1}; return true;
+    case GgmlType::Q4_K: case GgmlType::Q5_K: *f = {0, 2}; return true;
+    case GgmlType::Q6_K: *f = {208, -1}; return true;
+    default: return false;
+  }
+}
+
+inline void put_f16(uint8_t *p, uint16_t h) { std::memcpy(p, &h, 2); }
+inline float get_f16(const uint8_t *p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return fp16_to_fp32(h);
+}
+
+}  // namespace
+
+ActFormat act_format(GgmlType w) {
+  switch (w) {
+    case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return ActFormat::Q8_0;
+    case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+      return ActFormat::Q8_K;
+    default: return ActFormat::F32;
+  }
+}
+
+int act_block(ActFormat f) { return f == ActFormat::Q8_0 ? 32 : f == ActFormat::Q8_K ? 256 : 1; }
+
+void quantize_row(ActFormat f, const float *x, int64_t k, QuantizedRow *row) {
+  row->format = f;
+  row->k = k;
+  const int bs = act_block(f);
+  row->d.resize(static_cast<size_t>(k / bs));
+  row->q.resize(static_cast<size_t>(k));
+  if (f == ActFormat::Q8_0) quantize_q8_0(x, k, row);
+  if (f == ActFormat::Q8_K) quantize_q8_k(x, k, row);
+}
+
+bool unpack_row(GgmlType t, const void *src, int64_t k, UnpackedRow *out) {
+  ScaleFields sf;
+  if (!scale_fields(t, &sf)) return false;
+  const TypeTraits &tt = traits(t);
+  const int bs = static_cast<int>(tt.block_size);
+  const int64_t nb = k / bs;
+  out->k = k;
+  out->block = bs;
+  out->d.resize(nb);
+  out->a.resize(k);
+  const bool has_min = sf.dmin_off >= 0;
+  out->dmin.resize(has_min ? nb : 0);
+  out->m.resize(has_min ? k : 0);
+  uint8_t blk[256];
+  float tmp[256];
+  const auto *p = static_cast<const uint8_t *>(src);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *bp = p + b * tt.block_bytes;
+    std::memcpy(blk, bp, tt.block_bytes);
+    out->d[b] = get_f16(bp + sf.d_off);
+    put_f16(blk + sf.d_off, 0x3C00);  // 1.0
+    if (has_min) {
+      out->dmin[b] = get_f16(bp + sf.dmin_off);
+      put_f16(blk + sf.dmin_off, 0x0000);
+    }
+    dequantize_row(t, blk, tmp, bs);
+    for (int j = 0; j < bs; ++j) out->a[b * bs + j] = static_cast<int16_t>(tmp[j]);
+    if (has_min) {
+      put_f16(blk + sf.d_off, 0x0000);
+      put_f16(blk + sf.dmin_off, 0x3C00);
+      dequantize_row(t, blk, tmp, bs);  // = -m per element
+      for (int j = 0; j < bs; ++j) out->m[b * bs + j] = static_cast<int16_t>(-tmp[j]);
+    }
+  }
+  return true;
+}
+
+float dot_unpacked(const UnpackedRow &w, const QuantizedRow &x) {
+  const int bs = w.block;
+  const int64_t nb = w.k / bs;
+  float sum = 0.0f;
+  const int16_t *a = w.a.data();
+  const int8_t *q = x.q.data();
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t isum = 0;
+    for (int j = 0; j < bs; ++j) isum += int32_t(a[b * bs + j]) * int32_t(q[b * bs + j]);
+    const float dx = x.d[b];
+    float v = (w.d[b] * dx) * static_cast<float>(isum);
+    if (!w.m.empty()) {
+      int32_t msum = 0;
+      const int16_t *m = w.m.data() + b * bs;
+      for (int j = 0; j < bs; ++j) msum += int32_t(m[j]) * int32_t(q[b * bs + j]);
+      v -= (w.dmin[b] * dx) * static_cast<float>(msum);
+    }
+    sum += v;
+  }
+  return sum;
+}
+
+}  // namespace geist::quant
