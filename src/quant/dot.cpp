@@ -96,7 +96,44 @@ void quantize_row(ActFormat f, const float *x, int64_t k, QuantizedRow *row) {
   if (f == ActFormat::Q8_K) quantize_q8_k(x, k, row);
 }
 
+// The 32-element formats directly: a = signed quant, d = the block's f16 scale.
+static bool unpack_row_q32(GgmlType t, const uint8_t *p, int64_t k, UnpackedRow *out) {
+  const int64_t nb = k / 32;
+  out->k = k;
+  out->block = 32;
+  out->d.resize(nb);
+  out->a.resize(k);
+  out->dmin.clear();
+  out->m.clear();
+  const size_t bb = traits(t).block_bytes;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *bp = p + b * bb;
+    int16_t *a = out->a.data() + b * 32;
+    out->d[b] = get_f16(bp);
+    if (t == GgmlType::Q8_0) {
+      for (int j = 0; j < 32; ++j) a[j] = static_cast<int8_t>(bp[2 + j]);
+    } else if (t == GgmlType::Q4_0) {
+      for (int j = 0; j < 16; ++j) {
+        a[j] = static_cast<int16_t>((bp[2 + j] & 0x0F) - 8);
+        a[j + 16] = static_cast<int16_t>((bp[2 + j] >> 4) - 8);
+      }
+    } else {  // Q5_0: f16 d, 32 high bits, 16 bytes of low nibbles
+      uint32_t qh;
+      std::memcpy(&qh, bp + 2, 4);
+      for (int j = 0; j < 16; ++j) {
+        const int lo0 = bp[6 + j] & 0x0F, lo1 = bp[6 + j] >> 4;
+        a[j] = static_cast<int16_t>((lo0 | (((qh >> j) & 1) << 4)) - 16);
+        a[j + 16] = static_cast<int16_t>((lo1 | (((qh >> (j + 16)) & 1) << 4)) - 16);
+      }
+    }
+  }
+  return true;
+}
+
 bool unpack_row(GgmlType t, const void *src, int64_t k, UnpackedRow *out) {
+  if (t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q5_0) {
+    return unpack_row_q32(t, static_cast<const uint8_t *>(src), k, out);
+  }
   ScaleFields sf;
   if (!scale_fields(t, &sf)) return false;
   const TypeTraits &tt = traits(t);
@@ -133,6 +170,7 @@ bool unpack_row(GgmlType t, const void *src, int64_t k, UnpackedRow *out) {
   return true;
 }
 
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 float dot_unpacked(const UnpackedRow &w, const QuantizedRow &x) {
   const int bs = w.block;
   const int64_t nb = w.k / bs;

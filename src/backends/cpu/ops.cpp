@@ -1,11 +1,15 @@
 #include "backends/cpu/ops.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "base/status.h"
+#include "quant/dot.h"
 #include "quant/quant.h"
 
 namespace geist::cpu {
@@ -40,8 +44,11 @@ thread_local std::vector<float> t_dequant_row;
 
 }  // namespace
 
-void matmul_range(const WeightView &w, const float *x, float *y, int n_rows, int64_t n_begin,
-                  int64_t n_end, ThreadPool &pool) {
+namespace {
+
+// Weights whose type has no integer form: dequantize a row to f32, dot with f32 rows.
+void matmul_f32_act(const WeightView &w, const float *x, float *y, int n_rows, int64_t n_begin, int64_t n_end,
+                    ThreadPool &pool) {
   const int64_t K = w.n_in;
   const int64_t n_cols = n_end - n_begin;
   const int64_t per = rows_per_task(n_cols, pool.n_threads());
@@ -62,6 +69,49 @@ void matmul_range(const WeightView &w, const float *x, float *y, int n_rows, int
       }
       for (int r = 0; r < n_rows; ++r) {
         y[static_cast<size_t>(r) * n_cols + (n - n_begin)] = dot_f32(wr, x + static_cast<size_t>(r) * K, K);
+      }
+    }
+  });
+}
+
+thread_local std::vector<quant::QuantizedRow> t_act_rows;
+thread_local quant::UnpackedRow t_unpacked;
+
+ActivationMode mode_from_env() {
+  const char *e = std::getenv("GEIST_ACT");
+  return e && std::string(e) == "f32" ? ActivationMode::F32 : ActivationMode::Q8;
+}
+std::atomic<ActivationMode> g_act_mode{mode_from_env()};
+
+}  // namespace
+
+void set_activation_mode(ActivationMode m) { g_act_mode.store(m); }
+ActivationMode activation_mode() { return g_act_mode.load(std::memory_order_relaxed); }
+
+void matmul_range(const WeightView &w, const float *x, float *y, int n_rows, int64_t n_begin,
+                  int64_t n_end, ThreadPool &pool) {
+  const quant::ActFormat af = quant::act_format(w.type);
+  if (af == quant::ActFormat::F32 || activation_mode() == ActivationMode::F32) {
+    matmul_f32_act(w, x, y, n_rows, n_begin, n_end, pool);
+    return;
+  }
+  const int64_t K = w.n_in;
+  // Quantize every activation row once (per row: batch invariant).
+  std::vector<quant::QuantizedRow> &xq = t_act_rows;
+  if (static_cast<int>(xq.size()) < n_rows) xq.resize(n_rows);
+  pool.run(n_rows, [&](int r, int) { quant::quantize_row(af, x + static_cast<size_t>(r) * K, K, &xq[r]); });
+  const int64_t n_cols = n_end - n_begin;
+  const int64_t per = rows_per_task(n_cols, pool.n_threads());
+  const int n_tasks = static_cast<int>((n_cols + per - 1) / per);
+  pool.run(n_tasks, [&](int task, int /*thread*/) {
+    quant::UnpackedRow &wu = t_unpacked;
+    const int64_t c0 = n_begin + task * per;
+    const int64_t c1 = std::min(n_end, c0 + per);
+    for (int64_t n = c0; n < c1; ++n) {
+      bool ok = quant::unpack_row(w.type, w.row(n), K, &wu);
+      GEIST_CHECK(ok, "no integer form for this weight type");
+      for (int r = 0; r < n_rows; ++r) {
+        y[static_cast<size_t>(r) * n_cols + (n - n_begin)] = quant::dot_unpacked(wu, xq[r]);
       }
     }
   });

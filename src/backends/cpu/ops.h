@@ -11,6 +11,17 @@
 
 namespace geist::cpu {
 
+// How quantized weights meet activations in matmul:
+//   Q8:  activations quantized per row to 8-bit blocks, integer block dots (ggml's arithmetic;
+//        the form fast SIMD kernels implement). The default.
+//   F32: weights dequantized to f32 and multiplied with f32 activations (exact up to f32
+//        rounding; for reference comparisons).
+// Chosen once per process: GEIST_ACT=f32|q8 in the environment, or set_activation_mode
+// before any session runs.
+enum class ActivationMode { Q8, F32 };
+void set_activation_mode(ActivationMode m);
+ActivationMode activation_mode();
+
 // y[r][n] = sum_k W[n][k] * x[r][k].  x: [n_rows][w.n_in], y: [n_rows][w.n_out].
 // Weights are dequantized a row at a time into per-thread scratch, never copied whole.
 // Only the types with a reference dequantizer are accepted (checked at model load).
