@@ -68,6 +68,26 @@ TEST_P(QuantDot, CloseToExactDot) {
   }
 }
 
+// The integer form reconstructs the dequantized weights: d * a - dmin * m.
+TEST_P(QuantDot, UnpackedFormReconstructsWeights) {
+  const GgmlType t = GetParam();
+  const int64_t k = 512;
+  std::mt19937 rng(99 + static_cast<int>(t));
+  for (int trial = 0; trial < 10; ++trial) {
+    std::vector<uint8_t> w = random_row(t, k, rng);
+    std::vector<float> wf(k);
+    ASSERT_TRUE(dequantize_row(t, w.data(), wf.data(), k));
+    UnpackedRow u;
+    ASSERT_TRUE(unpack_row(t, w.data(), k, &u));
+    for (int64_t e = 0; e < k; ++e) {
+      const int64_t b = e / u.block;
+      double v = double(u.d[b]) * u.a[e];
+      if (!u.m.empty()) v -= double(u.dmin[b]) * u.m[e];
+      ASSERT_NEAR(v, wf[e], 1e-6 * std::max(1.0, std::fabs(double(wf[e])))) << type_name(t) << " element " << e;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIntegerTypes, QuantDot,
                          ::testing::Values(GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q2_K,
                                            GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
