@@ -1,0 +1,287 @@
+// Sampler: greedy and top-k=1 argmax, seed determinism, the sample never leaving the
+// top-k / top-p / min-p sets, empirical frequencies against softmax(logits / T), and the
+// repetition penalty (divides positive logits, multiplies negative ones), with the
+// llama.cpp order: penalties, top-k, top-p and min-p on T=1 probabilities, temperature.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include "engine/sampler.h"
+
+namespace geist {
+namespace {
+
+SamplerParams all_off(float temperature, uint64_t seed = 1) {
+  SamplerParams p;
+  p.temperature = temperature;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  p.repeat_penalty = 1.0f;
+  p.repeat_last_n = 64;
+  p.seed = seed;
+  return p;
+}
+
+std::vector<int32_t> draws(Sampler &s, const std::vector<float> &logits, int n) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) out.push_back(s.sample(logits.data(), int64_t(logits.size())));
+  return out;
+}
+
+// Frequencies of each id over n draws.
+std::vector<double> frequencies(Sampler &s, const std::vector<float> &logits, int n) {
+  std::vector<double> f(logits.size(), 0.0);
+  for (int i = 0; i < n; ++i) {
+    const int32_t t = s.sample(logits.data(), int64_t(logits.size()));
+    EXPECT_GE(t, 0);
+    EXPECT_LT(t, int32_t(logits.size()));
+    if (t >= 0 && t < int32_t(logits.size())) f[t] += 1.0 / n;
+  }
+  return f;
+}
+
+std::vector<double> softmax(const std::vector<float> &logits, double temperature) {
+  double mx = logits[0];
+  for (float l : logits) mx = std::max(mx, double(l));
+  std::vector<double> p(logits.size());
+  double sum = 0;
+  for (size_t i = 0; i < logits.size(); ++i) sum += p[i] = std::exp((logits[i] - mx) / temperature);
+  for (double &x : p) x /= sum;
+  return p;
+}
+
+// |f - p| within 5 standard errors of a binomial proportion over n draws (plus a floor so a
+// p near 0 does not demand exactly 0).
+void expect_matches(const std::vector<double> &f, const std::vector<double> &p, int n) {
+  ASSERT_EQ(f.size(), p.size());
+  for (size_t i = 0; i < p.size(); ++i) {
+    const double se = std::sqrt(p[i] * (1 - p[i]) / n);
+    EXPECT_NEAR(f[i], p[i], 5 * se + 1e-3) << "token " << i;
+  }
+}
+
+TEST(Sampler, TemperatureZeroIsArgmax) {
+  const std::vector<float> logits = {0.5f, -1.0f, 3.25f, 3.0f, -7.0f, 2.0f};
+  for (float t : {0.0f, -1.0f}) {
+    SamplerParams p = all_off(t);
+    p.top_k = 40;  // other filters on must not matter for greedy
+    p.top_p = 0.5f;
+    p.min_p = 0.5f;
+    Sampler s(p);
+    for (int32_t id : draws(s, logits, 20)) EXPECT_EQ(id, 2);
+  }
+}
+
+TEST(Sampler, GreedyTiesGoToLowestId) {
+  const std::vector<float> logits = {1.0f, 4.0f, 2.0f, 4.0f, 4.0f, -3.0f};
+  Sampler s(all_off(0.0f));
+  for (int32_t id : draws(s, logits, 10)) EXPECT_EQ(id, 1);
+  // The max at id 0 too, and at the last id only.
+  const std::vector<float> first = {9.0f, 9.0f, 9.0f};
+  EXPECT_EQ(Sampler(all_off(0.0f)).sample(first.data(), 3), 0);
+  const std::vector<float> last = {-1.0f, -2.0f, 5.0f};
+  EXPECT_EQ(Sampler(all_off(0.0f)).sample(last.data(), 3), 2);
+}
+
+TEST(Sampler, TopKOneIsArgmaxAtAnyTemperature) {
+  // A close runner-up and a huge temperature: without top-k the runner-up would win often.
+  const std::vector<float> logits = {0.0f, 1.0f, 1.01f, 0.99f, -5.0f, 1.0f};
+  for (float t : {0.1f, 1.0f, 5.0f, 100.0f}) {
+    SamplerParams p = all_off(t, 42);
+    p.top_k = 1;
+    Sampler s(p);
+    for (int32_t id : draws(s, logits, 200)) ASSERT_EQ(id, 2) << "T=" << t;
+  }
+  // Tied maxima with top_k = 1: the lowest id of the tie.
+  const std::vector<float> tie = {0.0f, 3.0f, 3.0f, 1.0f};
+  SamplerParams p = all_off(2.0f, 7);
+  p.top_k = 1;
+  Sampler s(p);
+  for (int32_t id : draws(s, tie, 100)) ASSERT_EQ(id, 1);
+}
+
+TEST(Sampler, SameSeedSameSequenceDifferentSeedsDiffer) {
+  const std::vector<float> flat(50, 0.0f);
+  Sampler a(all_off(1.0f, 123)), b(all_off(1.0f, 123)), c(all_off(1.0f, 124));
+  const std::vector<int32_t> sa = draws(a, flat, 200), sb = draws(b, flat, 200), sc = draws(c, flat, 200);
+  EXPECT_EQ(sa, sb);
+  EXPECT_NE(sa, sc);
+  // Not a constant sequence: a flat distribution over 50 ids hits many of them.
+  EXPECT_GT(std::set<int32_t>(sa.begin(), sa.end()).size(), 30u);
+  // reset() reseeds: the same sequence again.
+  a.reset();
+  EXPECT_EQ(draws(a, flat, 200), sa);
+}
+
+TEST(Sampler, NeverOutsideTopK) {
+  // Ids 10..14 have the top five logits; everything else is close behind so that, with a
+  // high temperature, an unfiltered draw would often land outside.
+  std::vector<float> logits(64, 1.0f);
+  for (int i = 10; i < 15; ++i) logits[i] = 1.5f + 0.01f * i;
+  SamplerParams p = all_off(10.0f, 5);
+  p.top_k = 5;
+  Sampler s(p);
+  std::set<int32_t> seen;
+  for (int32_t id : draws(s, logits, 2000)) {
+    ASSERT_GE(id, 10);
+    ASSERT_LT(id, 15);
+    seen.insert(id);
+  }
+  EXPECT_EQ(seen.size(), 5u);  // and all five are reachable
+}
+
+TEST(Sampler, NeverOutsideTopPNucleus) {
+  // T=1 probabilities 0.4, 0.3, 0.2, 0.1 (ids 3, 0, 2, 1): top_p 0.65 keeps {3, 0} (cum
+  // 0.4 < 0.65, 0.7 >= 0.65); top_p 0.75 keeps {3, 0, 2}.
+  const std::vector<float> logits = {std::log(0.3f), std::log(0.1f), std::log(0.2f), std::log(0.4f)};
+  for (float t : {1.0f, 3.0f}) {  // top-p works on T=1 probabilities, so T must not move the set
+    SamplerParams p = all_off(t, 9);
+    p.top_p = 0.65f;
+    Sampler s(p);
+    std::set<int32_t> seen;
+    for (int32_t id : draws(s, logits, 3000)) seen.insert(id);
+    EXPECT_EQ(seen, (std::set<int32_t>{0, 3})) << "T=" << t;
+    p.top_p = 0.75f;
+    Sampler s2(p);
+    seen.clear();
+    for (int32_t id : draws(s2, logits, 3000)) seen.insert(id);
+    EXPECT_EQ(seen, (std::set<int32_t>{0, 2, 3})) << "T=" << t;
+  }
+}
+
+TEST(Sampler, NeverOutsideMinPSet) {
+  // Relative to the max (id 1, p ratio 1): ids with ratio >= 0.25 survive min_p = 0.25.
+  // Ratios: id0 0.5, id1 1, id2 0.2, id3 0.3, id4 0.05, id5 0.26.
+  const std::vector<float> ratio = {0.5f, 1.0f, 0.2f, 0.3f, 0.05f, 0.26f};
+  std::vector<float> logits;
+  for (float r : ratio) logits.push_back(std::log(r));
+  SamplerParams p = all_off(4.0f, 11);
+  p.min_p = 0.25f;
+  Sampler s(p);
+  std::set<int32_t> seen;
+  for (int32_t id : draws(s, logits, 4000)) seen.insert(id);
+  EXPECT_EQ(seen, (std::set<int32_t>{0, 1, 3, 5}));
+}
+
+TEST(Sampler, FiltersCompose) {
+  // top_k 4 keeps ids {7, 6, 5, 4}; with T=1 probabilities renormalised over those four,
+  // top_p then cuts to a nucleus and min_p can only shrink it further. Never an id < 4.
+  std::vector<float> logits = {0, 0.1f, 0.2f, 0.3f, 1.0f, 2.0f, 3.0f, 4.0f};
+  SamplerParams p = all_off(2.0f, 3);
+  p.top_k = 4;
+  p.top_p = 0.9f;
+  p.min_p = 0.2f;
+  Sampler s(p);
+  // Over the top four: p(7)=0.644, p(6)=0.237, p(5)=0.087, p(4)=0.032. top_p 0.9: {7,6,5}
+  // (0.881 < 0.9 after two, 0.968 after three). min_p 0.2: ratio of 5 is e^-2 = 0.135 < 0.2,
+  // so {7, 6}.
+  std::set<int32_t> seen;
+  for (int32_t id : draws(s, logits, 3000)) seen.insert(id);
+  EXPECT_EQ(seen, (std::set<int32_t>{6, 7}));
+}
+
+TEST(Sampler, FrequenciesMatchSoftmaxOverTemperature) {
+  const std::vector<float> logits = {1.0f, 0.0f, 2.0f, -0.5f};
+  const int n = 20000;
+  for (float t : {1.0f, 0.5f, 2.0f}) {
+    Sampler s(all_off(t, 2024));
+    expect_matches(frequencies(s, logits, n), softmax(logits, t), n);
+  }
+}
+
+TEST(Sampler, FrequenciesAfterTopKRenormalise) {
+  // top_k 2 keeps ids 2 and 0; their ratio is softmax over the two at T.
+  const std::vector<float> logits = {1.0f, 0.0f, 2.0f, -0.5f};
+  const int n = 20000;
+  SamplerParams p = all_off(0.7f, 77);
+  p.top_k = 2;
+  Sampler s(p);
+  const std::vector<double> two = softmax({1.0f, 2.0f}, 0.7);
+  expect_matches(frequencies(s, logits, n), {two[0], 0.0, two[1], 0.0}, n);
+}
+
+TEST(Sampler, RepeatPenaltyGreedy) {
+  SamplerParams p = all_off(0.0f);
+  p.repeat_penalty = 2.0f;
+  {  // Positive logit divided: 2 -> 1 < 1.5.
+    const std::vector<float> logits = {2.0f, 1.5f};
+    Sampler s(p);
+    s.accept(0);
+    EXPECT_EQ(s.sample(logits.data(), 2), 1);
+  }
+  {  // Negative logit multiplied: -1 -> -2 < -1.5 (dividing would give -0.5 and keep id 0).
+    const std::vector<float> logits = {-1.0f, -1.5f};
+    Sampler s(p);
+    s.accept(0);
+    EXPECT_EQ(s.sample(logits.data(), 2), 1);
+  }
+  {  // Applied once per distinct token however often it occurs: 2 -> 1 > 0.9.
+    const std::vector<float> logits = {2.0f, 0.9f};
+    Sampler s(p);
+    for (int i = 0; i < 3; ++i) s.accept(0);
+    EXPECT_EQ(s.sample(logits.data(), 2), 0);
+  }
+  {  // Only the last repeat_last_n tokens count.
+    const std::vector<float> logits = {2.0f, 1.5f, -9.0f};
+    SamplerParams q = p;
+    q.repeat_last_n = 1;
+    Sampler s(q);
+    s.accept(0);
+    s.accept(2);  // pushes 0 out of the window
+    EXPECT_EQ(s.sample(logits.data(), 3), 0);
+  }
+  {  // sample() records its own choice: 0, then 1 (0 penalised), then 0 (both penalised).
+    const std::vector<float> logits = {2.0f, 1.5f};
+    Sampler s(p);
+    EXPECT_EQ(draws(s, logits, 3), (std::vector<int32_t>{0, 1, 0}));
+    Sampler r(p);
+    r.accept(0);
+    r.reset();  // clears the history: id 0 is no longer penalised
+    EXPECT_EQ(r.sample(logits.data(), 2), 0);
+  }
+  {  // Penalty 1 is off; out-of-range history ids are ignored, logits are not modified.
+    const std::vector<float> logits = {2.0f, 1.5f};
+    SamplerParams q = p;
+    q.repeat_penalty = 1.0f;
+    Sampler s(q);
+    s.accept(0);
+    EXPECT_EQ(s.sample(logits.data(), 2), 0);
+    Sampler t(p);
+    t.accept(-1);
+    t.accept(5);
+    EXPECT_EQ(t.sample(logits.data(), 2), 0);
+    EXPECT_EQ(logits, (std::vector<float>{2.0f, 1.5f}));
+  }
+}
+
+// Frequency of id 0 with id 0 (and only it) in the history before every draw.
+double penalised_frequency(const std::vector<float> &logits, float penalty, int n) {
+  SamplerParams p = all_off(1.0f, 99);
+  p.repeat_penalty = penalty;
+  p.repeat_last_n = 1;  // accept(0) pushes out the previous draw
+  Sampler s(p);
+  int hits = 0;
+  for (int i = 0; i < n; ++i) {
+    s.accept(0);
+    hits += s.sample(logits.data(), int64_t(logits.size())) == 0;
+  }
+  return double(hits) / n;
+}
+
+TEST(Sampler, RepeatPenaltyLowersFrequency) {
+  const int n = 20000;
+  auto p0 = [](double l0, double l1) { return 1.0 / (1.0 + std::exp(l1 - l0)); };
+  auto tol = [&](double p) { return 5 * std::sqrt(p * (1 - p) / n) + 1e-3; };
+  // Positive: logits {2, 1}; penalty 2 makes id 0's logit 1 -> 0.5 (unpenalised 0.731).
+  EXPECT_NEAR(penalised_frequency({2.0f, 1.0f}, 1.0f, n), p0(2, 1), tol(p0(2, 1)));
+  EXPECT_NEAR(penalised_frequency({2.0f, 1.0f}, 2.0f, n), p0(1, 1), tol(p0(1, 1)));
+  // Negative: logits {-1, -1.5}; penalty 2 makes id 0's logit -2 -> 0.378 (unpenalised 0.622).
+  EXPECT_NEAR(penalised_frequency({-1.0f, -1.5f}, 1.0f, n), p0(-1, -1.5), tol(p0(-1, -1.5)));
+  EXPECT_NEAR(penalised_frequency({-1.0f, -1.5f}, 2.0f, n), p0(-2, -1.5), tol(p0(-2, -1.5)));
+}
+
+}  // namespace
+}  // namespace geist
