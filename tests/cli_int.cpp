@@ -196,8 +196,7 @@ TEST(Cli, UnknownFlag) {
 }
 
 TEST(Cli, UnknownSubcommand) {
-  // The message says a subcommand is required; it does not name 'frobnicate' (see report).
-  expect_one_error_line(run_geist({"frobnicate"}), {"subcommand"});
+  expect_one_error_line(run_geist({"frobnicate"}), {"unknown command", "frobnicate"});
 }
 
 TEST(Cli, NegativeThreads) {

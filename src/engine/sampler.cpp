@@ -4,6 +4,8 @@
 #include <cmath>
 #include <unordered_set>
 
+#include "base/status.h"
+
 namespace geist {
 namespace {
 uint64_t splitmix64(uint64_t &x) {
@@ -36,12 +38,13 @@ double Sampler::next_uniform() {
 }
 
 void Sampler::accept(int32_t token) {
-  if (p_.repeat_last_n <= 0) return;
+  if (p_.repeat_last_n == 0) return;
   history_.push_back(token);
-  while (static_cast<int>(history_.size()) > p_.repeat_last_n) history_.pop_front();
+  while (p_.repeat_last_n > 0 && static_cast<int>(history_.size()) > p_.repeat_last_n) history_.pop_front();
 }
 
 int32_t Sampler::sample(const float *logits, int64_t n_vocab) {
+  GEIST_CHECK(logits != nullptr && n_vocab > 0, "sample() needs a non-empty logits row");
   cand_.resize(static_cast<size_t>(n_vocab));
   for (int64_t i = 0; i < n_vocab; ++i) cand_[i] = {logits[i], static_cast<int32_t>(i)};
   if (p_.repeat_penalty != 1.0f && !history_.empty()) {

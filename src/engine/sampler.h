@@ -15,8 +15,8 @@ struct SamplerParams {
   int top_k = 40;         // <= 0: off
   float top_p = 0.95f;    // >= 1: off
   float min_p = 0.05f;    // <= 0: off
-  float repeat_penalty = 1.0f;  // 1: off
-  int repeat_last_n = 64;
+  float repeat_penalty = 1.0f;  // 1: off; must be > 0
+  int repeat_last_n = 64;       // 0: off, < 0: the whole history
   uint64_t seed = 0xC0FFEE;
 };
 

@@ -19,6 +19,7 @@ Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionPa
   if (q.chunk < 1 || q.chunk > 65536) {
     return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "chunk size %d out of range [1, 65536]", q.chunk);
   }
+  if (q.n_threads < 0) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "n_threads %d is negative", q.n_threads);
   int threads = q.n_threads > 0 ? q.n_threads : ThreadPool::hardware_threads();
   if (threads > 512) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "n_threads %d out of range", threads);
   q.chunk = static_cast<int>(std::min<int64_t>(q.chunk, q.n_ctx));

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "commands.h"
+#include "engine/model_paths.h"
 #include "gguf/gguf_reader.h"
 
 namespace geist::cli {
@@ -45,10 +46,10 @@ int inspect(const std::string &path, bool all_values) {
 }  // namespace
 
 Runner add_inspect(CLI::App &app) {
-  auto path = std::make_shared<std::string>();
+  auto path = std::make_shared<std::string>(default_model_file());
   auto all = std::make_shared<bool>(false);
   CLI::App *sub = app.add_subcommand("inspect", "Print a GGUF file's metadata and tensor table");
-  sub->add_option("model", *path, "GGUF file")->required();
+  sub->add_option("model", *path, "GGUF file (default: the fetched default model)")->capture_default_str();
   sub->add_flag("--all", *all, "Print arrays in full");
   return [path, all] { return inspect(*path, *all); };
 }

@@ -110,12 +110,12 @@ Runner add_run(CLI::App &app) {
   sub->add_option("-t,--threads", o->threads, "Threads (0: all)")->capture_default_str()->check(CLI::Range(0, 512));
   sub->add_option("-c,--ctx-size", o->n_ctx, "Context size in tokens (0: the model's)")->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 24));
   sub->add_option("-b,--batch-size", o->batch, "Prefill chunk size")->capture_default_str()->check(CLI::Range(1, 65536));
-  sub->add_option("--temp", o->sp.temperature, "Temperature (0: greedy)")->capture_default_str();
+  sub->add_option("--temp", o->sp.temperature, "Temperature (0: greedy)")->capture_default_str()->check(CLI::Range(0.0f, 100.0f));
   sub->add_option("--top-k", o->sp.top_k, "Top-k (0: off)")->capture_default_str();
-  sub->add_option("--top-p", o->sp.top_p, "Top-p (1: off)")->capture_default_str();
-  sub->add_option("--min-p", o->sp.min_p, "Min-p (0: off)")->capture_default_str();
-  sub->add_option("--repeat-penalty", o->sp.repeat_penalty, "Repetition penalty (1: off)")->capture_default_str();
-  sub->add_option("--repeat-last-n", o->sp.repeat_last_n, "Tokens the penalty looks back")->capture_default_str();
+  sub->add_option("--top-p", o->sp.top_p, "Top-p (1: off)")->capture_default_str()->check(CLI::Range(0.0f, 1.0f));
+  sub->add_option("--min-p", o->sp.min_p, "Min-p (0: off)")->capture_default_str()->check(CLI::Range(0.0f, 1.0f));
+  sub->add_option("--repeat-penalty", o->sp.repeat_penalty, "Repetition penalty (1: off)")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--repeat-last-n", o->sp.repeat_last_n, "Tokens the penalty looks back (0: off, -1: all)")->capture_default_str();
   sub->add_option("-s,--seed", o->sp.seed, "Sampling seed")->capture_default_str();
   sub->add_flag("--chat", o->chat, "Wrap the prompt in the model's chat turns");
   sub->add_option("--system", o->system, "System text for --chat");
