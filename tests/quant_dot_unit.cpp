@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -108,6 +109,22 @@ TEST(QuantDot, ActivationQuantizationRoundTrips) {
   QuantizedRow q;
   quantize_row(ActFormat::Q8_K, zeros.data(), 256, &q);
   EXPECT_EQ(q.d[0], 0.0f);
+}
+
+TEST(QuantDot, Q8_0BlocksEqualUnpackedBitForBit) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<uint8_t> w = random_row(GgmlType::Q8_0, 640, rng);
+    std::vector<float> x(640);
+    for (auto &v : x) v = nd(rng) * 10;
+    QuantizedRow xq;
+    quantize_row(ActFormat::Q8_0, x.data(), 640, &xq);
+    UnpackedRow u;
+    ASSERT_TRUE(unpack_row(GgmlType::Q8_0, w.data(), 640, &u));
+    const float a = dot_unpacked(u, xq), b = dot_q8_0_blocks(w.data(), xq);
+    EXPECT_EQ(std::memcmp(&a, &b, 4), 0) << a << " vs " << b;
+  }
 }
 
 TEST(QuantDot, TypesWithoutIntegerForm) {

@@ -130,9 +130,70 @@ static bool unpack_row_q32(GgmlType t, const uint8_t *p, int64_t k, UnpackedRow 
   return true;
 }
 
+// Scale and min of sub-block j (0..7) of a Q4_K/Q5_K block's 12 packed bytes (6 bits each).
+static void scale_min_k4(const uint8_t *sc, int j, int *scale, int *min) {
+  if (j < 4) {
+    *scale = sc[j] & 63;
+    *min = sc[j + 4] & 63;
+  } else {
+    *scale = (sc[j + 4] & 0x0F) | ((sc[j - 4] >> 6) << 4);
+    *min = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+  }
+}
+
+// Q4_K / Q5_K / Q6_K directly (the layouts of block_formats.h).
+static bool unpack_row_k(GgmlType t, const uint8_t *p, int64_t k, UnpackedRow *out) {
+  const int64_t nb = k / 256;
+  const bool has_min = t != GgmlType::Q6_K;
+  out->k = k;
+  out->block = 256;
+  out->d.resize(nb);
+  out->a.resize(k);
+  out->dmin.resize(has_min ? nb : 0);
+  out->m.resize(has_min ? k : 0);
+  const size_t bb = traits(t).block_bytes;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *bp = p + b * bb;
+    int16_t *a = out->a.data() + b * 256;
+    if (t == GgmlType::Q6_K) {
+      const uint8_t *ql = bp, *qh = bp + 128;
+      const auto *sc = reinterpret_cast<const int8_t *>(bp + 192);
+      out->d[b] = get_f16(bp + 208);
+      for (int e = 0; e < 256; ++e) {
+        const int h = e / 128, s = (e / 32) % 4, l = e % 32;
+        const int lo = (ql[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 0x0F;
+        const int hi = (qh[32 * h + l] >> (2 * s)) & 0x03;
+        a[e] = static_cast<int16_t>(sc[e / 16] * ((lo | (hi << 4)) - 32));
+      }
+      continue;
+    }
+    out->d[b] = get_f16(bp);
+    out->dmin[b] = get_f16(bp + 2);
+    const uint8_t *sc = bp + 4;
+    const uint8_t *qh = bp + 16;                                  // Q5_K only
+    const uint8_t *qs = bp + (t == GgmlType::Q5_K ? 48 : 16);
+    int16_t *m = out->m.data() + b * 256;
+    for (int j = 0; j < 8; ++j) {
+      int scale, min;
+      scale_min_k4(sc, j, &scale, &min);
+      for (int l = 0; l < 32; ++l) {
+        const int e = 32 * j + l;
+        int q = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+        if (t == GgmlType::Q5_K) q |= ((qh[l] >> j) & 1) << 4;
+        a[e] = static_cast<int16_t>(scale * q);
+        m[e] = static_cast<int16_t>(min);
+      }
+    }
+  }
+  return true;
+}
+
 bool unpack_row(GgmlType t, const void *src, int64_t k, UnpackedRow *out) {
   if (t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q5_0) {
     return unpack_row_q32(t, static_cast<const uint8_t *>(src), k, out);
+  }
+  if (t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K) {
+    return unpack_row_k(t, static_cast<const uint8_t *>(src), k, out);
   }
   ScaleFields sf;
   if (!scale_fields(t, &sf)) return false;
@@ -189,6 +250,23 @@ float dot_unpacked(const UnpackedRow &w, const QuantizedRow &x) {
       v -= (w.dmin[b] * dx) * static_cast<float>(msum);
     }
     sum += v;
+  }
+  return sum;
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+float dot_q8_0_blocks(const void *wrow, const QuantizedRow &x) {
+  const auto *p = static_cast<const uint8_t *>(wrow);
+  const int64_t nb = x.k / 32;
+  const int8_t *q = x.q.data();
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *bp = p + b * 34;
+    int8_t w[32];
+    std::memcpy(w, bp + 2, 32);
+    int32_t isum = 0;
+    for (int j = 0; j < 32; ++j) isum += int32_t(w[j]) * int32_t(q[b * 32 + j]);
+    sum += (get_f16(bp) * x.d[b]) * static_cast<float>(isum);
   }
   return sum;
 }

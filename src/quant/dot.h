@@ -56,4 +56,8 @@ bool unpack_row(GgmlType t, const void *src, int64_t k, UnpackedRow *out);
 // order. w and x must have the same k and matching block sizes.
 float dot_unpacked(const UnpackedRow &w, const QuantizedRow &x);
 
+// Q8_0 weights straight from their blocks (no unpack): the same integer sums and the same
+// f32 operations in the same order as unpack_row + dot_unpacked, so the same bits.
+float dot_q8_0_blocks(const void *wrow, const QuantizedRow &x);
+
 }  // namespace geist::quant

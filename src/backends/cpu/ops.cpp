@@ -17,8 +17,8 @@ namespace {
 
 // Dot product with 16 independent partial sums in a fixed order, reduced as a fixed
 // tree. The compiler maps the 16 lanes onto SIMD registers of any width; the result is
-// the same on every ISA because the association never changes (no FMA contraction in
-// ISO mode, no fast-math).
+// the same on every ISA because the association never changes (built with
+// -ffp-contract=off, no fast-math).
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 float dot_f32(const float *a, const float *b, int64_t n) {
   float acc[16] = {};
@@ -108,6 +108,12 @@ void matmul_range(const WeightView &w, const float *x, float *y, int n_rows, int
     const int64_t c0 = n_begin + task * per;
     const int64_t c1 = std::min(n_end, c0 + per);
     for (int64_t n = c0; n < c1; ++n) {
+      if (w.type == quant::GgmlType::Q8_0) {  // no unpack needed: int8 weights as stored
+        for (int r = 0; r < n_rows; ++r) {
+          y[static_cast<size_t>(r) * n_cols + (n - n_begin)] = quant::dot_q8_0_blocks(w.row(n), xq[r]);
+        }
+        continue;
+      }
       bool ok = quant::unpack_row(w.type, w.row(n), K, &wu);
       GEIST_CHECK(ok, "no integer form for this weight type");
       for (int r = 0; r < n_rows; ++r) {
