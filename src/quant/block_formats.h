@@ -121,6 +121,20 @@ static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
 
+// Scale and min of sub-block j (0..7) of a Q4_K/Q5_K block, both 6-bit. Bytes 0-3 hold
+// the scales of sub-blocks 0-3 in their low 6 bits, bytes 4-7 the mins; sub-blocks 4-7
+// take their low 4 bits from bytes 8-11 (scale low nibble, min high nibble) and their
+// top 2 bits from the top 2 bits of bytes 0-3 (scale) and 4-7 (min).
+inline void unpack_scale_min_k4(const uint8_t packed[12], int j, int *sc, int *mn) {
+  if (j < 4) {
+    *sc = packed[j] & 0x3F;
+    *mn = packed[j + 4] & 0x3F;
+  } else {
+    *sc = (packed[j + 4] & 0x0F) | ((packed[j - 4] >> 6) << 4);
+    *mn = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
+  }
+}
+
 // Copy block i of a packed array of Block into a local value; src may be unaligned.
 template <typename Block>
 inline Block block_load(const void *src, int64_t i) {

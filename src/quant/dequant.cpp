@@ -218,19 +218,6 @@ void dequant_q3_k(const void *src, float *dst, int64_t nb) {
   }
 }
 
-// Scale and min of sub-block j (0..7) of a Q4_K/Q5_K block, both 6-bit. Bytes 0-3 hold
-// the scales of sub-blocks 0-3 in their low 6 bits, bytes 4-7 the mins; sub-blocks 4-7
-// take their low 4 bits from bytes 8-11 (scale low nibble, min high nibble) and their
-// top 2 bits from the top 2 bits of bytes 0-3 (scale) and 4-7 (min).
-void unpack_scale_min_k4(const uint8_t packed[12], int j, int *sc, int *mn) {
-  if (j < 4) {
-    *sc = packed[j] & 0x3F;
-    *mn = packed[j + 4] & 0x3F;
-  } else {
-    *sc = (packed[j + 4] & 0x0F) | ((packed[j - 4] >> 6) << 4);
-    *mn = (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
-  }
-}
 
 // Shared by Q4_K and Q5_K: dst[e] = (d * sc) * q[e] - (dmin * m), per 32-element sub-block.
 void dequant_k4_core(float d, float dmin, const uint8_t scales[12], const int q[kQK_K],

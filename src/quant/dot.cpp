@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "quant/block_formats.h"
 #include "quant/quant.h"
 
 namespace geist::quant {
@@ -130,17 +131,6 @@ static bool unpack_row_q32(GgmlType t, const uint8_t *p, int64_t k, UnpackedRow 
   return true;
 }
 
-// Scale and min of sub-block j (0..7) of a Q4_K/Q5_K block's 12 packed bytes (6 bits each).
-static void scale_min_k4(const uint8_t *sc, int j, int *scale, int *min) {
-  if (j < 4) {
-    *scale = sc[j] & 63;
-    *min = sc[j + 4] & 63;
-  } else {
-    *scale = (sc[j + 4] & 0x0F) | ((sc[j - 4] >> 6) << 4);
-    *min = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
-  }
-}
-
 // Q4_K / Q5_K / Q6_K directly (the layouts of block_formats.h).
 static bool unpack_row_k(GgmlType t, const uint8_t *p, int64_t k, UnpackedRow *out) {
   const int64_t nb = k / 256;
@@ -175,7 +165,7 @@ static bool unpack_row_k(GgmlType t, const uint8_t *p, int64_t k, UnpackedRow *o
     int16_t *m = out->m.data() + b * 256;
     for (int j = 0; j < 8; ++j) {
       int scale, min;
-      scale_min_k4(sc, j, &scale, &min);
+      unpack_scale_min_k4(sc, j, &scale, &min);
       for (int l = 0; l < 32; ++l) {
         const int e = 32 * j + l;
         int q = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
