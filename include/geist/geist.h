@@ -1,11 +1,40 @@
 /* geist: run language models locally from GGUF files.
  *
  * Public C ABI. Plain C (C99), usable from C, C++, Python ctypes, Go and Rust.
- * No exception crosses this boundary; every function that can fail returns a
- * geist_status and records a message (see geist_last_error()).
+ *
+ * Conventions
+ * - No exception or signal crosses this boundary. Every function that can fail returns a
+ *   geist_status; GEIST_OK (0) is success.
+ * - Errors: a failed call on a session also records its message in the session
+ *   (geist_session_error()); every failed call records it in a thread-local slot
+ *   (geist_last_error()). Messages are English, one line, and name the problem.
+ * - A failed call changes nothing: the model or session is exactly as before the call.
+ * - Ownership: objects returned through `**out` belong to the caller and are released
+ *   with their *_free function (NULL is accepted and ignored). Pointers returned by
+ *   getters stay valid until the next call that changes that object, or its free.
+ * - Thread safety: a geist_model is immutable after load; any number of threads may use
+ *   it at once (tokenize, create sessions). A geist_session is used by one thread at a
+ *   time (it may move between threads); different sessions run concurrently, each on its
+ *   own threads, sharing one copy of the weights. A session keeps its model alive:
+ *   geist_model_free() on a model with live sessions releases it when the last session
+ *   is freed.
+ * - Params structs: start from geist_*_params_default() and change fields; fields are
+ *   only ever appended, so code built against an older header keeps working.
+ * - Token ids are int32 (geist_token); text is UTF-8 bytes with an explicit length.
  */
 #ifndef GEIST_GEIST_H
 #define GEIST_GEIST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define GEIST_API __declspec(dllexport)
+#elif defined(__GNUC__)
+#define GEIST_API __attribute__((visibility("default")))
+#else
+#define GEIST_API
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -15,19 +44,259 @@ extern "C" {
 typedef enum geist_status {
   GEIST_OK = 0,
   GEIST_E_INVALID_ARGUMENT = 1, /* a NULL pointer, a zero size, a value out of range */
-  GEIST_E_IO = 2,               /* the file could not be opened, read or mapped */
-  GEIST_E_BAD_FORMAT = 3,       /* the bytes are not a valid GGUF (or snapshot) */
-  GEIST_E_UNSUPPORTED = 4,      /* valid, but an architecture/type/version we do not run */
+  GEIST_E_IO = 2,               /* a file could not be opened, read, written or mapped */
+  GEIST_E_BAD_FORMAT = 3,       /* the bytes are not a valid GGUF or snapshot (truncated, corrupt) */
+  GEIST_E_UNSUPPORTED = 4,      /* valid, but an architecture/type/version geist does not run */
   GEIST_E_OUT_OF_MEMORY = 5,
   GEIST_E_CONTEXT_FULL = 6,     /* more tokens than the session's context holds */
   GEIST_E_BUFFER_TOO_SMALL = 7, /* caller's buffer too small; the needed size is reported */
   GEIST_E_INTERNAL = 8,         /* a bug in geist; the message says where */
   GEIST_E_STATE = 9,            /* the call is not valid in the object's current state */
+  GEIST_E_MISMATCH = 10,        /* a snapshot made with another model or KV geometry */
   GEIST_STATUS_COUNT            /* sentinel, not a status */
 } geist_status;
 
+typedef int32_t geist_token;
+typedef struct geist_model geist_model;
+typedef struct geist_session geist_session;
+
 /* Short, static, English name of a status ("GEIST_E_BAD_FORMAT"); never NULL. */
-const char *geist_status_name(geist_status s);
+GEIST_API const char *geist_status_name(geist_status s);
+
+/* "0.1.0 (commit abcdef123456)"; static, never NULL. */
+GEIST_API const char *geist_version(void);
+
+/* Message of the last failed geist call on this thread ("" if none yet). Valid until the
+ * next failing call on the same thread. Never NULL. */
+GEIST_API const char *geist_last_error(void);
+
+/* ---------------------------------------------------------------------------------- */
+/* Models                                                                             */
+
+typedef struct geist_model_params {
+  /* 1: ask the kernel to read the weights ahead at load (madvise WILLNEED) so the first
+   * request does not pay the page-in. 0: page in on first use. Default 1. */
+  int32_t prefetch;
+} geist_model_params;
+
+GEIST_API geist_model_params geist_model_params_default(void);
+
+/* Map, validate and bind a GGUF file; the weights stay in the mapping (zero-copy).
+ * p may be NULL (defaults). On success *out is a new model; on failure *out is NULL.
+ * GEIST_E_INVALID_ARGUMENT  path or out NULL
+ * GEIST_E_IO                cannot open, stat or map the file
+ * GEIST_E_BAD_FORMAT        not a GGUF, truncated, missing or inconsistent keys/tensors
+ * GEIST_E_UNSUPPORTED       architecture, tensor type, tokenizer or version not supported
+ * GEIST_E_OUT_OF_MEMORY */
+GEIST_API geist_status geist_model_load(const char *path, const geist_model_params *p, geist_model **out);
+
+/* As geist_model_load over a caller-owned buffer holding a whole GGUF file. No copy of
+ * the weights is made: the caller keeps data alive and unchanged until the model and all
+ * its sessions are freed. Tensor data must be aligned as in the file (a buffer from
+ * malloc or mmap is). Same statuses (size 0 / data NULL: GEIST_E_INVALID_ARGUMENT). */
+GEIST_API geist_status geist_model_load_from_memory(const void *data, size_t size, const geist_model_params *p,
+                                                    geist_model **out);
+
+/* Release the caller's reference; the model goes once its last session is freed. */
+GEIST_API void geist_model_free(geist_model *m);
+
+typedef struct geist_model_info {
+  const char *arch;      /* general.architecture ("gemma3"); valid while the model lives */
+  const char *name;      /* general.name, "" if absent */
+  int64_t n_vocab;       /* logits per position */
+  int64_t n_ctx_train;   /* trained context length */
+  int64_t n_embd;
+  int64_t n_layer;
+  int64_t n_params;      /* elements of all tensors */
+  uint64_t file_size;    /* bytes of the GGUF */
+  uint64_t fingerprint;  /* hash of the GGUF's metadata and tensor table (snapshot identity) */
+  geist_token bos;       /* -1 if the vocabulary has none */
+  geist_token eos;       /* -1 if none */
+  geist_token eot;       /* end-of-turn token, -1 if none */
+} geist_model_info;
+
+/* GEIST_E_INVALID_ARGUMENT if m or out is NULL. */
+GEIST_API geist_status geist_model_get_info(const geist_model *m, geist_model_info *out);
+
+/* Text to token ids. add_bos: prepend BOS if the model has one. parse_special: text like
+ * "<start_of_turn>" becomes its control token; otherwise it is plain text.
+ * out may be NULL when cap is 0 (size query). *n_out is always set on OK and on
+ * GEIST_E_BUFFER_TOO_SMALL (then it is the number needed and out is untouched).
+ * GEIST_E_INVALID_ARGUMENT  m or n_out NULL, text NULL with len > 0, out NULL with cap > 0 */
+GEIST_API geist_status geist_tokenize(const geist_model *m, const char *text, size_t len, int add_bos,
+                                      int parse_special, geist_token *out, size_t cap, size_t *n_out);
+
+/* The bytes of one token's text (control tokens render as their text, e.g. "<bos>";
+ * byte-fallback tokens give that single byte, so a piece may be a partial UTF-8
+ * sequence). Not NUL-terminated. *n_out is the length (needed length on
+ * GEIST_E_BUFFER_TOO_SMALL). buf may be NULL when cap is 0.
+ * GEIST_E_INVALID_ARGUMENT  m or n_out NULL, t outside [0, n_vocab) */
+GEIST_API geist_status geist_token_to_piece(const geist_model *m, geist_token t, char *buf, size_t cap,
+                                            size_t *n_out);
+
+/* Token ids back to UTF-8 text, as a reader sees it: control tokens dropped unless
+ * render_special, byte-fallback bytes joined, ill-formed bytes as U+FFFD, SPM's leading
+ * space of the first piece kept. Sizes as geist_tokenize. */
+GEIST_API geist_status geist_detokenize(const geist_model *m, const geist_token *t, size_t n, int render_special,
+                                        char *buf, size_t cap, size_t *n_out);
+
+/* 1 if t ends a generation (EOS, end-of-turn and the like), else 0 (also for bad ids). */
+GEIST_API int geist_token_is_eog(const geist_model *m, geist_token t);
+
+/* ---------------------------------------------------------------------------------- */
+/* Sessions                                                                           */
+
+typedef struct geist_sampling_params {
+  float temperature;      /* <= 0: greedy (argmax, ties to the lowest id). Default 0.8 */
+  int32_t top_k;          /* <= 0: off. Default 40 */
+  float top_p;            /* >= 1: off. Default 0.95 */
+  float min_p;            /* <= 0: off. Default 0.05 */
+  float repeat_penalty;   /* 1: off, must be > 0. Default 1 */
+  int32_t repeat_last_n;  /* tokens the penalty looks back; 0 off, -1 all. Default 64 */
+  uint64_t seed;          /* RNG seed. Default 0xC0FFEE */
+} geist_sampling_params;
+
+typedef struct geist_session_params {
+  int64_t n_ctx;      /* context in tokens; 0: the model's trained context (no hidden cap). */
+  int32_t n_threads;  /* threads of this session's compute, counting the caller; 0: all cores */
+  int32_t chunk;      /* rows per forward pass; prefill of any length runs in these. Default 256 */
+  geist_sampling_params sampling;
+} geist_session_params;
+
+GEIST_API geist_sampling_params geist_sampling_params_default(void);
+GEIST_API geist_session_params geist_session_params_default(void);
+
+/* A new, empty session over m (which it keeps alive). KV memory is reserved, not
+ * committed: pages are used as positions fill, so a large n_ctx costs address space only.
+ * GEIST_E_INVALID_ARGUMENT  m or out NULL; n_ctx < 0 or > 2^24; chunk outside [1, 65536];
+ *                           n_threads outside [0, 512]; sampling values out of range
+ * GEIST_E_OUT_OF_MEMORY     the KV cache or scratch cannot be reserved */
+GEIST_API geist_status geist_session_create(geist_model *m, const geist_session_params *p, geist_session **out);
+GEIST_API void geist_session_free(geist_session *s);
+
+/* Message of this session's last failed call, "" if none. Valid until the next call on s. */
+GEIST_API const char *geist_session_error(const geist_session *s);
+
+/* Append n >= 1 tokens (run in chunks of the configured size) and compute the logits
+ * after the last one. The tokens enter the sampler's repetition history.
+ * GEIST_E_INVALID_ARGUMENT  s or t NULL, n 0, a token id outside [0, n_vocab)
+ * GEIST_E_CONTEXT_FULL      n_tokens + n > n_ctx
+ * GEIST_E_OUT_OF_MEMORY */
+GEIST_API geist_status geist_session_prefill_tokens(geist_session *s, const geist_token *t, size_t n);
+
+/* As prefill_tokens, and also copy the logits after every token i in [first, n) to
+ * out[(i - first) * n_vocab ...]; out holds (n - first) * n_vocab floats (cap counts floats).
+ * Extra statuses: GEIST_E_INVALID_ARGUMENT for first >= n or out NULL,
+ * GEIST_E_BUFFER_TOO_SMALL if cap < (n - first) * n_vocab (nothing is computed). */
+GEIST_API geist_status geist_session_prefill_logits(geist_session *s, const geist_token *t, size_t n, size_t first,
+                                                    float *out, size_t cap);
+
+/* Clear the session, prefill t[0..n), and pin that state: its tokens, the logits after
+ * the last one, the sampler state and a checkpoint of the sliding-window layers' last
+ * W-1 rows (the only rows a later prefill can overwrite that the pin still needs).
+ * Its cost is that of a prefill of n tokens plus that copy. Replaces an earlier pin.
+ * Statuses of prefill_tokens (checked before anything is cleared). */
+GEIST_API geist_status geist_session_pin_prefix(geist_session *s, const geist_token *t, size_t n);
+
+/* Drop the pin (n_pinned becomes 0); the tokens stay. GEIST_E_INVALID_ARGUMENT if s NULL. */
+GEIST_API geist_status geist_session_unpin(geist_session *s);
+
+/* Back to the pinned state exactly (tokens, logits, sampler, sliding rows), or to empty
+ * if nothing is pinned. Decode may follow directly. Cost: O(1) plus copying back the
+ * checkpoint rows that later tokens overwrote (none if the request after the pin was at
+ * most `chunk` tokens long). GEIST_E_INVALID_ARGUMENT if s NULL. */
+GEIST_API geist_status geist_session_reset(geist_session *s);
+
+/* Empty the session and drop the pin. GEIST_E_INVALID_ARGUMENT if s NULL. */
+GEIST_API geist_status geist_session_clear(geist_session *s);
+
+/* Sample a token from the current logits (session sampling params), append it, and
+ * compute the logits after it. *out is the token (it may be an end-of-generation token:
+ * check geist_token_is_eog and stop). Batch invariant: the logits equal those of a
+ * prefill of the same tokens.
+ * GEIST_E_INVALID_ARGUMENT  s or out NULL
+ * GEIST_E_STATE             no logits yet (empty session)
+ * GEIST_E_CONTEXT_FULL      the context has no room for one more token */
+GEIST_API geist_status geist_session_decode_step(geist_session *s, geist_token *out);
+
+/* Sample a token from the current logits without appending it (the RNG advances and the
+ * token enters the repetition history). GEIST_E_STATE if there are no logits. */
+GEIST_API geist_status geist_session_sample(geist_session *s, geist_token *out);
+
+/* Replace the sampling params (the RNG is reseeded from p->seed; history kept).
+ * GEIST_E_INVALID_ARGUMENT for NULL or out-of-range values. */
+GEIST_API geist_status geist_session_set_sampling(geist_session *s, const geist_sampling_params *p);
+
+/* Logits after the last token ([n_vocab] floats, owned by the session, valid until the
+ * next call that changes s), or NULL if the session has none (empty, or s NULL).
+ * *n_vocab is set when n_vocab is not NULL (0 when NULL is returned). */
+GEIST_API const float *geist_session_logits(const geist_session *s, size_t *n_vocab);
+
+GEIST_API size_t geist_session_n_tokens(const geist_session *s); /* 0 for NULL */
+GEIST_API size_t geist_session_n_pinned(const geist_session *s); /* 0 for NULL or no pin */
+GEIST_API size_t geist_session_n_ctx(const geist_session *s);    /* 0 for NULL */
+GEIST_API size_t geist_session_n_vocab(const geist_session *s);  /* logits per position; 0 for NULL */
+
+/* The session's tokens: copies min(cap, n_tokens) ids, *n_out = n_tokens.
+ * GEIST_E_BUFFER_TOO_SMALL if cap < n_tokens (nothing copied). */
+GEIST_API geist_status geist_session_tokens(const geist_session *s, geist_token *out, size_t cap, size_t *n_out);
+
+/* Snapshots: a versioned, checksummed image of the whole session state: model
+ * fingerprint, KV geometry, tokens, pin, the KV rows in use (for sliding layers only the
+ * window's last W-1 rows), the pin's checkpoint, logits, sampler RNG and history. A
+ * snapshot restores into any session of the same model whose n_ctx holds its tokens
+ * (chunk and thread count may differ); the logits that follow are bit-identical.
+ * The format is documented in docs/SNAPSHOT.md. */
+
+/* Bytes geist_session_snapshot will write now. GEIST_E_INVALID_ARGUMENT for NULLs. */
+GEIST_API geist_status geist_session_snapshot_size(const geist_session *s, size_t *size);
+
+/* Write the image to buf. *written is its size (also on GEIST_E_BUFFER_TOO_SMALL, when
+ * nothing is written). GEIST_E_INVALID_ARGUMENT for NULLs (buf may be NULL if cap 0). */
+GEIST_API geist_status geist_session_snapshot(const geist_session *s, void *buf, size_t cap, size_t *written);
+
+/* Replace the session's state with an image. Everything is validated before the session
+ * is touched; on any error it is unchanged.
+ * GEIST_E_INVALID_ARGUMENT  s or buf NULL
+ * GEIST_E_BAD_FORMAT        not a geist snapshot, truncated, checksum mismatch, inconsistent
+ * GEIST_E_UNSUPPORTED       a snapshot version this build does not read
+ * GEIST_E_MISMATCH          made with another model (fingerprint) or KV geometry
+ * GEIST_E_CONTEXT_FULL      its tokens do not fit this session's n_ctx
+ * GEIST_E_OUT_OF_MEMORY */
+GEIST_API geist_status geist_session_restore(geist_session *s, const void *buf, size_t size);
+
+/* Snapshot to / restore from a file (written to PATH.tmp, then renamed, so a crash never
+ * leaves a half file under PATH). Statuses of snapshot/restore, plus GEIST_E_IO. */
+GEIST_API geist_status geist_session_save_file(const geist_session *s, const char *path);
+GEIST_API geist_status geist_session_load_file(geist_session *s, const char *path);
+
+/* A struct tag, not a typedef: the function below has the same name (C keeps tags in
+ * their own namespace). Use `struct geist_session_stats` or geist_session_stats_t. */
+struct geist_session_stats {
+  uint64_t n_prefill_tokens;  /* tokens run by prefill_tokens/prefill_logits (pins excluded) */
+  double prefill_seconds;
+  uint64_t n_decode_tokens;   /* decode_step calls that succeeded */
+  double decode_seconds;      /* sampling + forward */
+  uint64_t n_pins;
+  uint64_t n_pinned_tokens;   /* tokens prefilled by pin_prefix, summed */
+  double pin_seconds;         /* prefill + checkpoint copy */
+  uint64_t n_resets;
+  double reset_seconds;
+  uint64_t n_reset_rows;      /* checkpoint rows copied back by resets, summed */
+  uint64_t n_snapshots;
+  double snapshot_seconds;
+  uint64_t n_restores;
+  double restore_seconds;
+  uint64_t kv_bytes_reserved; /* address space of the KV cache */
+  uint64_t checkpoint_bytes;  /* held by the pin's sliding-window checkpoint */
+  double last_prefill_seconds; /* the most recent prefill_tokens/prefill_logits call */
+  double last_decode_seconds;  /* the most recent decode_step */
+};
+typedef struct geist_session_stats geist_session_stats_t;
+
+/* Counters of this session since create (a restore counts as a restore; it does not
+ * bring counters from the image). GEIST_E_INVALID_ARGUMENT for NULLs. */
+GEIST_API geist_status geist_session_stats(const geist_session *s, struct geist_session_stats *out);
 
 #ifdef __cplusplus
 }

@@ -44,6 +44,7 @@ extern "C" const char *geist_status_name(geist_status s) {
     case GEIST_E_BUFFER_TOO_SMALL: return "GEIST_E_BUFFER_TOO_SMALL";
     case GEIST_E_INTERNAL: return "GEIST_E_INTERNAL";
     case GEIST_E_STATE: return "GEIST_E_STATE";
+    case GEIST_E_MISMATCH: return "GEIST_E_MISMATCH";
     case GEIST_STATUS_COUNT: break;
   }
   return "GEIST_E_UNKNOWN_STATUS";

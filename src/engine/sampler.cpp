@@ -37,6 +37,37 @@ double Sampler::next_uniform() {
   return static_cast<double>(result >> 11) * 0x1.0p-53;
 }
 
+void Sampler::set_params(const SamplerParams &p) {
+  p_ = p;
+  uint64_t x = p_.seed;
+  for (auto &s : s_) s = splitmix64(x);
+  if (p_.repeat_last_n == 0) history_.clear();
+  while (p_.repeat_last_n > 0 && static_cast<int>(history_.size()) > p_.repeat_last_n) history_.pop_front();
+}
+
+Sampler::State Sampler::state() const {
+  State st;
+  for (int i = 0; i < 4; ++i) st.rng[i] = s_[i];
+  st.history.assign(history_.begin(), history_.end());
+  return st;
+}
+
+void Sampler::set_state(const State &st) {
+  for (int i = 0; i < 4; ++i) s_[i] = st.rng[i];
+  history_.assign(st.history.begin(), st.history.end());
+  if (p_.repeat_last_n == 0) history_.clear();
+  while (p_.repeat_last_n > 0 && static_cast<int>(history_.size()) > p_.repeat_last_n) history_.pop_front();
+}
+
+const char *Sampler::check(const SamplerParams &p) {
+  if (std::isnan(p.temperature) || p.temperature > 1e4f) return "temperature must be <= 1e4 (<= 0: greedy)";
+  if (!(p.top_p >= 0.0f && p.top_p <= 1.0f)) return "top_p must be in [0, 1]";
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return "min_p must be in [0, 1]";
+  if (!(p.repeat_penalty > 0.0f && p.repeat_penalty <= 1e4f)) return "repeat_penalty must be in (0, 1e4]";
+  if (p.repeat_last_n < -1) return "repeat_last_n must be >= -1";
+  return "";
+}
+
 void Sampler::accept(int32_t token) {
   if (p_.repeat_last_n == 0) return;
   history_.push_back(token);

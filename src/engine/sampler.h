@@ -29,6 +29,20 @@ class Sampler {
   void accept(int32_t token);  // add a prompt token to the penalty history
   void reset();                // clear history, reseed
   const SamplerParams &params() const { return p_; }
+  // Replace the params; reseeds the RNG from p.seed and keeps the history (trimmed to
+  // the new repeat_last_n).
+  void set_params(const SamplerParams &p);
+
+  // What sampling depends on besides the params: the RNG words and the penalty history
+  // (oldest first). Snapshots and pins carry it.
+  struct State {
+    uint64_t rng[4] = {0, 0, 0, 0};
+    std::vector<int32_t> history;
+  };
+  State state() const;
+  void set_state(const State &st);
+  // Range check of params: "" if valid, else what is wrong.
+  static const char *check(const SamplerParams &p);
 
  private:
   double next_uniform();  // [0, 1)

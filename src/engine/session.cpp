@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/timer.h"
+
 namespace geist {
 
 Session::Session(const Model &m, const SessionParams &p, std::unique_ptr<models::KvCache> c, int n_threads)
-    : model_(m), params_(p), cache_(std::move(c)), pool_(n_threads) {
+    : model_(m), params_(p), cache_(std::move(c)), pool_(n_threads), sampler_(p.sampling) {
   logits_.resize(static_cast<size_t>(m.info().n_vocab));
+  m.arch().reserve(ws_, params_.chunk);
 }
 
 Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionParams &p) {
@@ -20,6 +23,7 @@ Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionPa
     return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "chunk size %d out of range [1, 65536]", q.chunk);
   }
   if (q.n_threads < 0) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "n_threads %d is negative", q.n_threads);
+  if (const char *why = Sampler::check(q.sampling); *why) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "%s", why);
   int threads = q.n_threads > 0 ? q.n_threads : ThreadPool::hardware_threads();
   if (threads > 512) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "n_threads %d out of range", threads);
   q.chunk = static_cast<int>(std::min<int64_t>(q.chunk, q.n_ctx));
@@ -28,15 +32,55 @@ Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionPa
   return std::unique_ptr<Session>(new Session(m, q, std::move(cache), threads));
 }
 
+int64_t Session::live_from(int l, int64_t n) const {
+  const int w = cache_->spec(l).window;
+  return w > 0 ? std::max<int64_t>(0, n - (w - 1)) : 0;
+}
+
+void Session::copy_rows_out(int l, int64_t from, int64_t to, float *dst) const {
+  const size_t rf = static_cast<size_t>(cache_->spec(l).row_floats);
+  const int64_t cap = cache_->capacity(l);
+  const size_t n = static_cast<size_t>(to - from);
+  for (int64_t p = from; p < to; ++p) {
+    const size_t slot = static_cast<size_t>(p % cap), i = static_cast<size_t>(p - from);
+    std::memcpy(dst + i * rf, cache_->k(l) + slot * rf, rf * sizeof(float));
+    std::memcpy(dst + (n + i) * rf, cache_->v(l) + slot * rf, rf * sizeof(float));
+  }
+}
+
+void Session::copy_rows_in(int l, int64_t from, int64_t to, const float *src) {
+  const size_t rf = static_cast<size_t>(cache_->spec(l).row_floats);
+  const int64_t cap = cache_->capacity(l);
+  const size_t n = static_cast<size_t>(to - from);
+  for (int64_t p = from; p < to; ++p) {
+    const size_t slot = static_cast<size_t>(p % cap), i = static_cast<size_t>(p - from);
+    std::memcpy(cache_->k(l) + slot * rf, src + i * rf, rf * sizeof(float));
+    std::memcpy(cache_->v(l) + slot * rf, src + (n + i) * rf, rf * sizeof(float));
+  }
+}
+
+size_t Session::checkpoint_bytes() const {
+  size_t b = 0;
+  if (pin_) {
+    for (const auto &r : pin_->rows) b += r.size() * sizeof(float);
+    b += pin_->logits.size() * sizeof(float);
+  }
+  return b;
+}
+
 void Session::clear() {
   cache_->n_past = 0;
   tokens_.clear();
   has_logits_ = false;
+  sampler_.reset();
+  pin_.reset();
 }
+
+void Session::unpin() { pin_.reset(); }
 
 Status Session::check_append(const int32_t *tokens, size_t n) const {
   if (n == 0 || tokens == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "prefill of zero tokens");
-  if (tokens_.size() + n > static_cast<size_t>(cache_->n_ctx())) {
+  if (n > static_cast<size_t>(cache_->n_ctx()) || tokens_.size() + n > static_cast<size_t>(cache_->n_ctx())) {
     return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "%zu tokens in the session + %zu new exceed the context of %lld",
                        tokens_.size(), n, (long long)cache_->n_ctx());
   }
@@ -50,17 +94,43 @@ Status Session::check_append(const int32_t *tokens, size_t n) const {
   return Status::ok();
 }
 
-Status Session::prefill(const int32_t *tokens, size_t n) {
-  GEIST_RETURN_IF_ERROR(check_append(tokens, n));
+// Inputs are validated and the scratch is reserved at create, so forward() cannot fail
+// here; a failure would be a bug, reported as GEIST_E_INTERNAL by the caller's check.
+void Session::run_chunks(const int32_t *tokens, size_t n, size_t first, float *out) {
+  const size_t nv = static_cast<size_t>(model_.info().n_vocab);
+  tokens_.reserve(tokens_.size() + n);  // may throw: before anything changes
   for (size_t done = 0; done < n;) {
     const int rows = static_cast<int>(std::min<size_t>(params_.chunk, n - done));
     const bool last = done + rows == n;
-    GEIST_RETURN_IF_ERROR(model_.arch().forward(tokens + done, rows, *cache_, ws_, pool_, last ? rows - 1 : rows,
-                                                last ? logits_.data() : nullptr));
+    float *dst = nullptr;
+    int first_row = rows;
+    if (out) {
+      const size_t from = std::max(first, done);  // rows of this chunk wanted: [from, done + rows)
+      if (from < done + rows) {
+        first_row = static_cast<int>(from - done);
+        dst = out + (from - first) * nv;
+      }
+    } else if (last) {
+      first_row = rows - 1;
+      dst = logits_.data();
+    }
+    Status st = model_.arch().forward(tokens + done, rows, *cache_, ws_, pool_, first_row, dst);
+    GEIST_CHECK(st.is_ok(), st.to_string().c_str());
     tokens_.insert(tokens_.end(), tokens + done, tokens + done + rows);
     done += rows;
   }
+  if (out) std::memcpy(logits_.data(), out + (n - 1 - first) * nv, nv * sizeof(float));
+  for (size_t i = 0; i < n; ++i) sampler_.accept(tokens[i]);
   has_logits_ = true;
+}
+
+Status Session::prefill(const int32_t *tokens, size_t n) {
+  GEIST_RETURN_IF_ERROR(check_append(tokens, n));
+  Timer t;
+  run_chunks(tokens, n, 0, nullptr);
+  stats_.last_prefill_seconds = t.seconds();
+  stats_.prefill_seconds += stats_.last_prefill_seconds;
+  stats_.n_prefill_tokens += n;
   return Status::ok();
 }
 
@@ -69,20 +139,115 @@ Status Session::prefill_with_logits(const int32_t *tokens, size_t n, size_t firs
   if (first >= n || out == nullptr) {
     return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "logits requested from row %zu of %zu", first, n);
   }
-  const size_t nv = static_cast<size_t>(model_.info().n_vocab);
-  for (size_t done = 0; done < n;) {
-    const int rows = static_cast<int>(std::min<size_t>(params_.chunk, n - done));
-    // Rows of this chunk whose logits are wanted: [max(first, done), done + rows).
-    const size_t from = std::max(first, done);
-    const bool want = from < done + rows;
-    const int first_row = want ? static_cast<int>(from - done) : rows;
-    GEIST_RETURN_IF_ERROR(model_.arch().forward(tokens + done, rows, *cache_, ws_, pool_, first_row,
-                                                want ? out + (from - first) * nv : nullptr));
-    tokens_.insert(tokens_.end(), tokens + done, tokens + done + rows);
-    done += rows;
+  Timer t;
+  run_chunks(tokens, n, first, out);
+  stats_.last_prefill_seconds = t.seconds();
+  stats_.prefill_seconds += stats_.last_prefill_seconds;
+  stats_.n_prefill_tokens += n;
+  return Status::ok();
+}
+
+std::unique_ptr<Session::Pin> Session::make_pin() const {
+  auto pin = std::make_unique<Pin>();
+  pin->n = tokens_.size();
+  pin->logits = logits_;
+  pin->sampler = sampler_.state();
+  pin->rows.resize(static_cast<size_t>(cache_->n_layers()));
+  for (int l = 0; l < cache_->n_layers(); ++l) {
+    if (cache_->spec(l).window == 0) continue;
+    const int64_t from = live_from(l, int64_t(pin->n));
+    pin->rows[l].resize(2 * static_cast<size_t>(int64_t(pin->n) - from) * size_t(cache_->spec(l).row_floats));
+    copy_rows_out(l, from, int64_t(pin->n), pin->rows[l].data());
   }
-  std::memcpy(logits_.data(), out + (n - 1 - first) * nv, nv * sizeof(float));
-  has_logits_ = true;
+  return pin;
+}
+
+Status Session::pin_prefix(const int32_t *tokens, size_t n) {
+  if (n == 0 || tokens == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "pin of zero tokens");
+  if (n > static_cast<size_t>(cache_->n_ctx())) {
+    return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "a pin of %zu tokens exceeds the context of %lld", n,
+                       (long long)cache_->n_ctx());
+  }
+  // Validate ids against an empty session (the context check above is the one that applies).
+  const int64_t nv = model_.info().n_vocab;
+  for (size_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= nv) {
+      return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "token %zu has id %d, outside [0, %lld)", i, tokens[i],
+                         (long long)nv);
+    }
+  }
+  Timer t;
+  clear();
+  run_chunks(tokens, n, 0, nullptr);
+  pin_ = make_pin();
+  stats_.pin_seconds += t.seconds();
+  stats_.n_pins += 1;
+  stats_.n_pinned_tokens += n;
+  return Status::ok();
+}
+
+void Session::reset() {
+  Timer t;
+  if (!pin_) {
+    clear();
+  } else {
+    const int64_t p = int64_t(pin_->n), n_past = cache_->n_past;
+    for (int l = 0; l < cache_->n_layers(); ++l) {
+      if (cache_->spec(l).window == 0 || n_past <= p) continue;
+      const int64_t from = live_from(l, p), cap = cache_->capacity(l);
+      // Position q's slot was overwritten iff some position in [p, n_past) maps to it,
+      // i.e. q + cap < n_past (q + cap >= p holds since cap >= W - 1 >= p - q).
+      const int64_t to = std::min(p, n_past - cap);
+      if (to <= from) continue;
+      const size_t rf = size_t(cache_->spec(l).row_floats), rows = size_t(p - from);
+      const float *src = pin_->rows[l].data();
+      for (int64_t q = from; q < to; ++q) {
+        const size_t slot = size_t(q % cap), i = size_t(q - from);
+        std::memcpy(cache_->k(l) + slot * rf, src + i * rf, rf * sizeof(float));
+        std::memcpy(cache_->v(l) + slot * rf, src + (rows + i) * rf, rf * sizeof(float));
+      }
+      stats_.n_reset_rows += uint64_t(to - from);
+    }
+    cache_->n_past = p;
+    tokens_.resize(pin_->n);
+    std::memcpy(logits_.data(), pin_->logits.data(), logits_.size() * sizeof(float));
+    has_logits_ = true;
+    sampler_.set_state(pin_->sampler);
+  }
+  stats_.reset_seconds += t.seconds();
+  stats_.n_resets += 1;
+}
+
+Status Session::sample(int32_t *out) {
+  if (out == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "out is NULL");
+  if (!has_logits_) return GEIST_ERROR(GEIST_E_STATE, "no logits to sample from: prefill first");
+  *out = sampler_.sample(logits_.data(), n_vocab());
+  return Status::ok();
+}
+
+Status Session::decode_step(int32_t *out) {
+  if (out == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "out is NULL");
+  if (!has_logits_) return GEIST_ERROR(GEIST_E_STATE, "no logits to sample from: prefill first");
+  if (tokens_.size() + 1 > static_cast<size_t>(cache_->n_ctx())) {
+    return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "the context of %lld tokens is full", (long long)cache_->n_ctx());
+  }
+  Timer t;
+  tokens_.reserve(tokens_.size() + 1);
+  const int32_t tok = sampler_.sample(logits_.data(), n_vocab());  // records tok in the history
+  Status st = model_.arch().forward(&tok, 1, *cache_, ws_, pool_, 0, logits_.data());
+  GEIST_CHECK(st.is_ok(), st.to_string().c_str());
+  tokens_.push_back(tok);
+  *out = tok;
+  stats_.last_decode_seconds = t.seconds();
+  stats_.decode_seconds += stats_.last_decode_seconds;
+  stats_.n_decode_tokens += 1;
+  return Status::ok();
+}
+
+Status Session::set_sampling(const SamplerParams &p) {
+  if (const char *why = Sampler::check(p); *why) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "%s", why);
+  sampler_.set_params(p);
+  params_.sampling = p;
   return Status::ok();
 }
 

@@ -1,15 +1,31 @@
 // A session: one conversation's state over a shared Model — KV cache, scratch, the
-// tokens so far and the logits after the last one. Not thread-safe: use one session per
-// thread (many sessions may share one Model concurrently).
+// tokens so far, the logits after the last one, the sampler, and an optional pin.
+// Not thread-safe: one thread at a time per session; many sessions may share one Model
+// concurrently, each with its own thread pool.
+//
+// Every method that returns an error leaves the session exactly as it was (inputs are
+// validated and memory is allocated before anything changes).
+//
+// Pin and reset. pin_prefix(P tokens) records the state after them: tokens, logits,
+// sampler state, and for each sliding-window layer the K/V rows of positions
+// [P-W+1, P) — the only rows a later prefill can overwrite (the ring is W + chunk - 1
+// slots) that a continuation from P still reads. Global layers never lose rows below
+// n_past. reset() truncates to P and copies back only the checkpoint rows whose slots
+// later positions overwrote, so it is O(1) for a request of up to `chunk` tokens.
+//
+// Batch invariance: the logits after token i depend only on tokens [0, i], never on the
+// chunking, the thread count, a pin/reset or a snapshot/restore (tests memcmp them).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "engine/model.h"
+#include "engine/sampler.h"
 #include "models/arch.h"
 
 namespace geist {
@@ -18,6 +34,23 @@ struct SessionParams {
   int64_t n_ctx = 0;     // 0: the model's trained context
   int n_threads = 0;     // 0: all hardware threads of this process
   int chunk = 256;       // rows per forward call; prefill of any length is split into these
+  SamplerParams sampling;
+};
+
+struct SessionStats {
+  uint64_t n_prefill_tokens = 0;
+  double prefill_seconds = 0;
+  uint64_t n_decode_tokens = 0;
+  double decode_seconds = 0;
+  uint64_t n_pins = 0, n_pinned_tokens = 0;
+  double pin_seconds = 0;
+  uint64_t n_resets = 0, n_reset_rows = 0;
+  double reset_seconds = 0;
+  uint64_t n_snapshots = 0;
+  double snapshot_seconds = 0;
+  uint64_t n_restores = 0;
+  double restore_seconds = 0;
+  double last_prefill_seconds = 0, last_decode_seconds = 0;
 };
 
 class Session {
@@ -26,36 +59,84 @@ class Session {
   // cache cannot be reserved.
   static Result<std::unique_ptr<Session>> create(const Model &m, const SessionParams &p);
 
-  // Append tokens (any n >= 1), keeping the logits after the last one. On error the
-  // session is unchanged if the error is detected before computing (context full, bad
-  // ids); a failure mid-way cannot happen with valid input.
+  // Append tokens (any n >= 1) and compute the logits after the last one.
+  // GEIST_E_INVALID_ARGUMENT (n 0, bad id), GEIST_E_CONTEXT_FULL.
   Status prefill(const int32_t *tokens, size_t n);
   // As prefill, and also write the logits after every token i in [first, n) to
   // out: [n - first][n_vocab].
   Status prefill_with_logits(const int32_t *tokens, size_t n, size_t first, float *out);
 
+  // clear(), prefill, pin. Checked before the session is cleared.
+  Status pin_prefix(const int32_t *tokens, size_t n);
+  void unpin();
+  // Back to the pin (or empty if none).
+  void reset();
+  // Empty, no pin.
+  void clear();
+
+  // Sample from the current logits, append the token, compute the next logits.
+  // GEIST_E_STATE without logits, GEIST_E_CONTEXT_FULL when no room is left.
+  Status decode_step(int32_t *out);
+  // Sample without appending. GEIST_E_STATE without logits.
+  Status sample(int32_t *out);
+  Status set_sampling(const SamplerParams &p);
+
+  // Snapshots (docs/SNAPSHOT.md).
+  size_t snapshot_size() const;
+  // Writes snapshot_size() bytes; GEIST_E_BUFFER_TOO_SMALL (and *written = size) if cap
+  // is smaller.
+  Status snapshot(void *buf, size_t cap, size_t *written) const;
+  Status restore(const void *buf, size_t size);
+  Status save_file(const std::string &path) const;
+  Status load_file(const std::string &path);
+
   const float *logits() const { return has_logits_ ? logits_.data() : nullptr; }
   int64_t n_vocab() const { return model_.info().n_vocab; }
   size_t n_tokens() const { return tokens_.size(); }
+  size_t n_pinned() const { return pin_ ? pin_->n : 0; }
   const std::vector<int32_t> &tokens() const { return tokens_; }
   int64_t n_ctx() const { return cache_->n_ctx(); }
   int chunk() const { return params_.chunk; }
   int n_threads() const { return pool_.n_threads(); }
   const Model &model() const { return model_; }
-  void clear();
+  const SamplerParams &sampling() const { return sampler_.params(); }
+  const SessionStats &stats() const { return stats_; }
+  size_t kv_bytes_reserved() const { return cache_->bytes_reserved(); }
+  size_t checkpoint_bytes() const;
 
  private:
+  // The pinned state.
+  struct Pin {
+    size_t n = 0;
+    std::vector<float> logits;  // [n_vocab]
+    Sampler::State sampler;
+    // Per layer: K rows then V rows of positions [live_from(l, n), n) for sliding layers;
+    // empty for global ones.
+    std::vector<std::vector<float>> rows;
+  };
+
   Session(const Model &m, const SessionParams &p, std::unique_ptr<models::KvCache> c, int n_threads);
   Status check_append(const int32_t *tokens, size_t n) const;
+  // Chunked forward passes; out/first as prefill_with_logits (out may be null).
+  void run_chunks(const int32_t *tokens, size_t n, size_t first, float *out);
+  // First position a continuation from n_past = n still reads in layer l.
+  int64_t live_from(int l, int64_t n) const;
+  // Copy rows [from, to) of layer l out of / into the ring.
+  void copy_rows_out(int l, int64_t from, int64_t to, float *dst) const;
+  void copy_rows_in(int l, int64_t from, int64_t to, const float *src);
+  std::unique_ptr<Pin> make_pin() const;
 
   const Model &model_;
   SessionParams params_;
   std::unique_ptr<models::KvCache> cache_;
   models::Workspace ws_;
   ThreadPool pool_;
+  Sampler sampler_;
   std::vector<int32_t> tokens_;
   std::vector<float> logits_;  // [n_vocab]
   bool has_logits_ = false;
+  std::unique_ptr<Pin> pin_;
+  mutable SessionStats stats_;  // snapshot() (const) counts too
 };
 
 }  // namespace geist

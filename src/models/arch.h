@@ -93,6 +93,8 @@ class ArchModel {
   virtual ~ArchModel() = default;
   virtual const ModelInfo &info() const = 0;
   virtual std::vector<KvLayerSpec> kv_layout() const = 0;
+  // Grow ws to what forward() of up to max_chunk rows uses, so forward never allocates.
+  virtual void reserve(Workspace &ws, int max_chunk) const = 0;
 
   // Run tokens[0..n_rows) at positions cache.n_past .. cache.n_past + n_rows - 1, append
   // their K/V, advance cache.n_past. If logits != nullptr, write the logits of rows

@@ -28,6 +28,7 @@ class Gemma3 final : public ArchModel {
  public:
   const ModelInfo &info() const override { return info_; }
   std::vector<KvLayerSpec> kv_layout() const override;
+  void reserve(Workspace &ws, int max_chunk) const override;
   Status forward(const int32_t *tokens, int n_rows, KvCache &cache, Workspace &ws, ThreadPool &pool,
                  int first_logit_row, float *logits) const override;
 
@@ -143,6 +144,21 @@ std::vector<KvLayerSpec> Gemma3::kv_layout() const {
   std::vector<KvLayerSpec> out;
   for (const Layer &L : layers_) out.push_back({n_head_kv_ * head_dim_, L.sliding ? window_ : 0});
   return out;
+}
+
+void Gemma3::reserve(Workspace &ws, int max_chunk) const {
+  const size_t n = size_t(max_chunk), qd = size_t(n_head_ * head_dim_), kvd = size_t(n_head_kv_ * head_dim_);
+  ws.get(kH, n * n_embd_);
+  ws.get(kX, n * n_embd_);
+  ws.get(kQ, n * qd);
+  ws.get(kK, n * kvd);
+  ws.get(kV, n * kvd);
+  ws.get(kAttn, n * qd);
+  ws.get(kO, n * n_embd_);
+  ws.get(kGate, n * n_ff_);
+  ws.get(kUp, n * n_ff_);
+  ws.get(kRopeG, n * head_dim_);
+  ws.get(kRopeL, n * head_dim_);
 }
 
 // h += post_norm(W_o * attention(rope(norm(W_q x)), rope(norm(W_k x)), W_v x)), x = norm(h)

@@ -1,0 +1,443 @@
+// The public C ABI (include/geist/geist.h) over the engine's C++ classes. Every entry
+// point catches everything: no exception crosses into C.
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "engine/model.h"
+#include "engine/session.h"
+#include "engine/tokenizer.h"
+#include "geist/geist.h"
+
+struct geist_model {
+  std::shared_ptr<geist::Model> model;
+};
+
+struct geist_session {
+  std::shared_ptr<geist::Model> model;  // keeps the weights alive
+  std::unique_ptr<geist::Session> session;
+  std::string error;
+};
+
+namespace {
+
+thread_local std::string t_last_error;
+
+geist_status fail(geist_status code, const std::string &msg, geist_session *s = nullptr) {
+  try {
+    t_last_error = msg;
+    if (s) s->error = msg;
+  } catch (...) {
+  }
+  return code;
+}
+
+geist_status report(const geist::Status &st, geist_session *s = nullptr) {
+  if (st.is_ok()) return GEIST_OK;
+  return fail(st.code(), st.message(), s);
+}
+
+// Runs fn, turning exceptions into statuses (and recording the message).
+template <typename Fn>
+geist_status guarded(geist_session *s, Fn &&fn) noexcept {
+  try {
+    return fn();
+  } catch (const std::bad_alloc &) {
+    return fail(GEIST_E_OUT_OF_MEMORY, "out of memory", s);
+  } catch (const std::exception &e) {
+    return fail(GEIST_E_INTERNAL, std::string("internal error: ") + e.what(), s);
+  } catch (...) {
+    return fail(GEIST_E_INTERNAL, "internal error: unknown exception", s);
+  }
+}
+
+geist::SamplerParams to_cpp(const geist_sampling_params &p) {
+  geist::SamplerParams q;
+  q.temperature = p.temperature;
+  q.top_k = p.top_k;
+  q.top_p = p.top_p;
+  q.min_p = p.min_p;
+  q.repeat_penalty = p.repeat_penalty;
+  q.repeat_last_n = p.repeat_last_n;
+  q.seed = p.seed;
+  return q;
+}
+
+geist_status copy_out(const std::string &bytes, char *buf, size_t cap, size_t *n_out) {
+  *n_out = bytes.size();
+  if (cap < bytes.size()) {
+    return fail(GEIST_E_BUFFER_TOO_SMALL, "needs " + std::to_string(bytes.size()) + " bytes, the buffer holds " +
+                                              std::to_string(cap));
+  }
+  if (!bytes.empty()) std::memcpy(buf, bytes.data(), bytes.size());
+  return GEIST_OK;
+}
+
+#define GEIST_NULL_CHECK(p, s)                                                   \
+  do {                                                                          \
+    if ((p) == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, #p " is NULL", s); \
+  } while (0)
+
+geist_status load_common(geist::Result<std::unique_ptr<geist::Model>> r, geist_model **out) {
+  if (!r) return report(r.status());
+  auto *m = new geist_model;
+  m->model = std::shared_ptr<geist::Model>(std::move(r).value());
+  *out = m;
+  return GEIST_OK;
+}
+
+geist::ModelParams model_params(const geist_model_params *p) {
+  geist::ModelParams q;
+  const geist_model_params d = p ? *p : geist_model_params_default();
+  q.prefetch = d.prefetch != 0;
+  return q;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char *geist_version(void) {
+  return GEIST_VERSION " (commit " GEIST_GIT_COMMIT ")";
+}
+
+const char *geist_last_error(void) { return t_last_error.c_str(); }
+
+geist_model_params geist_model_params_default(void) {
+  geist_model_params p;
+  std::memset(&p, 0, sizeof p);
+  p.prefetch = 1;
+  return p;
+}
+
+geist_status geist_model_load(const char *path, const geist_model_params *p, geist_model **out) {
+  return guarded(nullptr, [&] {
+    GEIST_NULL_CHECK(out, nullptr);
+    *out = nullptr;
+    GEIST_NULL_CHECK(path, nullptr);
+    return load_common(geist::Model::load(path, model_params(p)), out);
+  });
+}
+
+geist_status geist_model_load_from_memory(const void *data, size_t size, const geist_model_params *p,
+                                          geist_model **out) {
+  return guarded(nullptr, [&] {
+    GEIST_NULL_CHECK(out, nullptr);
+    *out = nullptr;
+    GEIST_NULL_CHECK(data, nullptr);
+    if (size == 0) return fail(GEIST_E_INVALID_ARGUMENT, "size is 0");
+    return load_common(geist::Model::load_from_memory(data, size, model_params(p)), out);
+  });
+}
+
+void geist_model_free(geist_model *m) { delete m; }
+
+geist_status geist_model_get_info(const geist_model *m, geist_model_info *out) {
+  return guarded(nullptr, [&] {
+    GEIST_NULL_CHECK(m, nullptr);
+    GEIST_NULL_CHECK(out, nullptr);
+    const geist::Model &model = *m->model;
+    const geist::models::ModelInfo &i = model.info();
+    std::memset(out, 0, sizeof *out);
+    out->arch = i.arch.c_str();
+    out->name = i.name.c_str();
+    out->n_vocab = i.n_vocab;
+    out->n_ctx_train = i.n_ctx_train;
+    out->n_embd = i.n_embd;
+    out->n_layer = i.n_layer;
+    out->n_params = i.n_params;
+    out->file_size = model.file().file_size();
+    out->fingerprint = model.fingerprint();
+    out->bos = model.tokenizer().bos();
+    out->eos = model.tokenizer().eos();
+    out->eot = model.tokenizer().vocab().eot;
+    return GEIST_OK;
+  });
+}
+
+geist_status geist_tokenize(const geist_model *m, const char *text, size_t len, int add_bos, int parse_special,
+                            geist_token *out, size_t cap, size_t *n_out) {
+  return guarded(nullptr, [&] {
+    GEIST_NULL_CHECK(m, nullptr);
+    GEIST_NULL_CHECK(n_out, nullptr);
+    if (text == nullptr && len > 0) return fail(GEIST_E_INVALID_ARGUMENT, "text is NULL but len > 0");
+    if (out == nullptr && cap > 0) return fail(GEIST_E_INVALID_ARGUMENT, "out is NULL but cap > 0");
+    std::vector<int32_t> ids;
+    geist_status st = report(m->model->tokenizer().encode(std::string_view(text ? text : "", len), add_bos != 0,
+                                                          parse_special != 0, &ids));
+    if (st != GEIST_OK) return st;
+    *n_out = ids.size();
+    if (cap < ids.size()) {
+      return fail(GEIST_E_BUFFER_TOO_SMALL, "the text has " + std::to_string(ids.size()) +
+                                                " tokens, the buffer holds " + std::to_string(cap));
+    }
+    if (!ids.empty()) std::memcpy(out, ids.data(), ids.size() * sizeof(geist_token));
+    return GEIST_OK;
+  });
+}
+
+geist_status geist_token_to_piece(const geist_model *m, geist_token t, char *buf, size_t cap, size_t *n_out) {
+  return guarded(nullptr, [&] {
+    GEIST_NULL_CHECK(m, nullptr);
+    GEIST_NULL_CHECK(n_out, nullptr);
+    if (buf == nullptr && cap > 0) return fail(GEIST_E_INVALID_ARGUMENT, "buf is NULL but cap > 0");
+    if (t < 0 || t >= m->model->info().n_vocab) {
+      return fail(GEIST_E_INVALID_ARGUMENT, "token id " + std::to_string(t) + " outside [0, " +
+                                                std::to_string(m->model->info().n_vocab) + ")");
+    }
+    return copy_out(m->model->tokenizer().token_to_piece(t, true), buf, cap, n_out);
+  });
+}
+
+geist_status geist_detokenize(const geist_model *m, const geist_token *t, size_t n, int render_special, char *buf,
+                              size_t cap, size_t *n_out) {
+  return guarded(nullptr, [&] {
+    GEIST_NULL_CHECK(m, nullptr);
+    GEIST_NULL_CHECK(n_out, nullptr);
+    if (t == nullptr && n > 0) return fail(GEIST_E_INVALID_ARGUMENT, "t is NULL but n > 0");
+    if (buf == nullptr && cap > 0) return fail(GEIST_E_INVALID_ARGUMENT, "buf is NULL but cap > 0");
+    const int64_t nv = m->model->info().n_vocab;
+    for (size_t i = 0; i < n; ++i) {
+      if (t[i] < 0 || t[i] >= nv) {
+        return fail(GEIST_E_INVALID_ARGUMENT, "token " + std::to_string(i) + " has id " + std::to_string(t[i]) +
+                                                  " outside [0, " + std::to_string(nv) + ")");
+      }
+    }
+    geist::StreamDecoder dec(m->model->tokenizer(), render_special != 0);
+    std::string text;
+    for (size_t i = 0; i < n; ++i) text += dec.push(t[i]);
+    text += dec.flush();
+    return copy_out(text, buf, cap, n_out);
+  });
+}
+
+int geist_token_is_eog(const geist_model *m, geist_token t) {
+  if (m == nullptr) return 0;
+  return m->model->tokenizer().is_eog(t) ? 1 : 0;
+}
+
+geist_sampling_params geist_sampling_params_default(void) {
+  const geist::SamplerParams d;
+  geist_sampling_params p;
+  std::memset(&p, 0, sizeof p);
+  p.temperature = d.temperature;
+  p.top_k = d.top_k;
+  p.top_p = d.top_p;
+  p.min_p = d.min_p;
+  p.repeat_penalty = d.repeat_penalty;
+  p.repeat_last_n = d.repeat_last_n;
+  p.seed = d.seed;
+  return p;
+}
+
+geist_session_params geist_session_params_default(void) {
+  const geist::SessionParams d;
+  geist_session_params p;
+  std::memset(&p, 0, sizeof p);
+  p.n_ctx = d.n_ctx;
+  p.n_threads = d.n_threads;
+  p.chunk = d.chunk;
+  p.sampling = geist_sampling_params_default();
+  return p;
+}
+
+geist_status geist_session_create(geist_model *m, const geist_session_params *p, geist_session **out) {
+  return guarded(nullptr, [&] {
+    GEIST_NULL_CHECK(out, nullptr);
+    *out = nullptr;
+    GEIST_NULL_CHECK(m, nullptr);
+    const geist_session_params d = p ? *p : geist_session_params_default();
+    if (d.n_threads > 512) return fail(GEIST_E_INVALID_ARGUMENT, "n_threads " + std::to_string(d.n_threads) +
+                                                                    " out of range [0, 512]");
+    geist::SessionParams q;
+    q.n_ctx = d.n_ctx;
+    q.n_threads = d.n_threads;
+    q.chunk = d.chunk;
+    q.sampling = to_cpp(d.sampling);
+    geist::Result<std::unique_ptr<geist::Session>> r = geist::Session::create(*m->model, q);
+    if (!r) return report(r.status());
+    auto *s = new geist_session;
+    s->model = m->model;
+    s->session = std::move(r).value();
+    *out = s;
+    return GEIST_OK;
+  });
+}
+
+void geist_session_free(geist_session *s) { delete s; }
+
+const char *geist_session_error(const geist_session *s) { return s ? s->error.c_str() : ""; }
+
+geist_status geist_session_prefill_tokens(geist_session *s, const geist_token *t, size_t n) {
+  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  return guarded(s, [&] {
+    GEIST_NULL_CHECK(t, s);
+    return report(s->session->prefill(t, n), s);
+  });
+}
+
+geist_status geist_session_prefill_logits(geist_session *s, const geist_token *t, size_t n, size_t first, float *out,
+                                          size_t cap) {
+  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  return guarded(s, [&] {
+    GEIST_NULL_CHECK(t, s);
+    GEIST_NULL_CHECK(out, s);
+    if (n == 0 || first >= n) {
+      return fail(GEIST_E_INVALID_ARGUMENT, "logits requested from row " + std::to_string(first) + " of " +
+                                                std::to_string(n), s);
+    }
+    const size_t nv = static_cast<size_t>(s->session->n_vocab());
+    if ((n - first) > SIZE_MAX / nv || cap < (n - first) * nv) {
+      return fail(GEIST_E_BUFFER_TOO_SMALL, "logits of " + std::to_string(n - first) + " rows need " +
+                                                std::to_string((n - first) * nv) + " floats, the buffer holds " +
+                                                std::to_string(cap), s);
+    }
+    return report(s->session->prefill_with_logits(t, n, first, out), s);
+  });
+}
+
+geist_status geist_session_pin_prefix(geist_session *s, const geist_token *t, size_t n) {
+  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  return guarded(s, [&] {
+    GEIST_NULL_CHECK(t, s);
+    return report(s->session->pin_prefix(t, n), s);
+  });
+}
+
+geist_status geist_session_unpin(geist_session *s) {
+  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  s->session->unpin();
+  return GEIST_OK;
+}
+
+geist_status geist_session_reset(geist_session *s) {
+  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  return guarded(s, [&] {
+    s->session->reset();
+    return GEIST_OK;
+  });
+}
+
+geist_status geist_session_clear(geist_session *s) {
+  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  s->session->clear();
+  return GEIST_OK;
+}
+
+geist_status geist_session_decode_step(geist_session *s, geist_token *out) {
+  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  return guarded(s, [&] { return report(s->session->decode_step(out), s); });
+}
+
+geist_status geist_session_sample(geist_session *s, geist_token *out) {
+  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  return guarded(s, [&] { return report(s->session->sample(out), s); });
+}
+
+geist_status geist_session_set_sampling(geist_session *s, const geist_sampling_params *p) {
+  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  return guarded(s, [&] {
+    GEIST_NULL_CHECK(p, s);
+    return report(s->session->set_sampling(to_cpp(*p)), s);
+  });
+}
+
+const float *geist_session_logits(const geist_session *s, size_t *n_vocab) {
+  const float *l = s ? s->session->logits() : nullptr;
+  if (n_vocab) *n_vocab = l ? static_cast<size_t>(s->session->n_vocab()) : 0;
+  return l;
+}
+
+size_t geist_session_n_tokens(const geist_session *s) { return s ? s->session->n_tokens() : 0; }
+size_t geist_session_n_pinned(const geist_session *s) { return s ? s->session->n_pinned() : 0; }
+size_t geist_session_n_ctx(const geist_session *s) { return s ? static_cast<size_t>(s->session->n_ctx()) : 0; }
+size_t geist_session_n_vocab(const geist_session *s) { return s ? static_cast<size_t>(s->session->n_vocab()) : 0; }
+
+geist_status geist_session_tokens(const geist_session *s, geist_token *out, size_t cap, size_t *n_out) {
+  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  auto *ms = const_cast<geist_session *>(s);  // error message only
+  GEIST_NULL_CHECK(n_out, ms);
+  const std::vector<int32_t> &t = s->session->tokens();
+  *n_out = t.size();
+  if (cap < t.size()) {
+    return fail(GEIST_E_BUFFER_TOO_SMALL, "the session has " + std::to_string(t.size()) +
+                                              " tokens, the buffer holds " + std::to_string(cap), ms);
+  }
+  if (!t.empty()) {
+    GEIST_NULL_CHECK(out, ms);
+    std::memcpy(out, t.data(), t.size() * sizeof(geist_token));
+  }
+  return GEIST_OK;
+}
+
+geist_status geist_session_snapshot_size(const geist_session *s, size_t *size) {
+  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  auto *ms = const_cast<geist_session *>(s);
+  GEIST_NULL_CHECK(size, ms);
+  *size = s->session->snapshot_size();
+  return GEIST_OK;
+}
+
+geist_status geist_session_snapshot(const geist_session *s, void *buf, size_t cap, size_t *written) {
+  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  auto *ms = const_cast<geist_session *>(s);
+  return guarded(ms, [&] {
+    GEIST_NULL_CHECK(written, ms);
+    return report(s->session->snapshot(buf, cap, written), ms);
+  });
+}
+
+geist_status geist_session_restore(geist_session *s, const void *buf, size_t size) {
+  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  return guarded(s, [&] { return report(s->session->restore(buf, size), s); });
+}
+
+geist_status geist_session_save_file(const geist_session *s, const char *path) {
+  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  auto *ms = const_cast<geist_session *>(s);
+  return guarded(ms, [&] {
+    GEIST_NULL_CHECK(path, ms);
+    return report(s->session->save_file(path), ms);
+  });
+}
+
+geist_status geist_session_load_file(geist_session *s, const char *path) {
+  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  return guarded(s, [&] {
+    GEIST_NULL_CHECK(path, s);
+    return report(s->session->load_file(path), s);
+  });
+}
+
+geist_status geist_session_stats(const geist_session *s, struct geist_session_stats *out) {
+  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  auto *ms = const_cast<geist_session *>(s);
+  GEIST_NULL_CHECK(out, ms);
+  const geist::SessionStats &st = s->session->stats();
+  std::memset(out, 0, sizeof *out);
+  out->n_prefill_tokens = st.n_prefill_tokens;
+  out->prefill_seconds = st.prefill_seconds;
+  out->n_decode_tokens = st.n_decode_tokens;
+  out->decode_seconds = st.decode_seconds;
+  out->n_pins = st.n_pins;
+  out->n_pinned_tokens = st.n_pinned_tokens;
+  out->pin_seconds = st.pin_seconds;
+  out->n_resets = st.n_resets;
+  out->reset_seconds = st.reset_seconds;
+  out->n_reset_rows = st.n_reset_rows;
+  out->n_snapshots = st.n_snapshots;
+  out->snapshot_seconds = st.snapshot_seconds;
+  out->n_restores = st.n_restores;
+  out->restore_seconds = st.restore_seconds;
+  out->kv_bytes_reserved = s->session->kv_bytes_reserved();
+  out->checkpoint_bytes = s->session->checkpoint_bytes();
+  out->last_prefill_seconds = st.last_prefill_seconds;
+  out->last_decode_seconds = st.last_decode_seconds;
+  return GEIST_OK;
+}
+
+}  // extern "C"

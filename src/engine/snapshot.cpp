@@ -1,0 +1,367 @@
+// Session snapshots: the image format of docs/SNAPSHOT.md, written and read here.
+//
+// Layout (little-endian; sections follow each other without padding):
+//   header   72 bytes: magic "GEISTSNP", u32 version, u32 flags, u64 total size,
+//            u64 checksum (XXH3-64 of bytes [32, total)), u64 model fingerprint,
+//            u64 n_vocab, u64 n_tokens, u64 n_pinned, u32 n_layers, u32 reserved (0)
+//   layers   n_layers x {u64 row_floats, u32 window, u32 rows}   (rows: KV rows stored)
+//   tokens   i32 x n_tokens
+//   logits   f32 x n_vocab                           if flags & kHasLogits
+//   sampler  u64 rng[4], u64 n_history, i32 x n_history
+//   pin      u64 rng[4], u64 n_history, i32 x n_history, f32 x n_vocab   if n_pinned > 0
+//   kv       per layer: K rows then V rows of positions [from_l, n_tokens), f32 x row_floats
+//            each; from_l = 0 for global layers, max(0, n_tokens - (W - 1)) for sliding
+//   ckpt     per sliding layer: K then V rows of positions [max(0, P - (W - 1)), P)
+//            if n_pinned = P > 0 and not flags & kCheckpointLive (then n_tokens == P and
+//            the checkpoint is the kv section's rows)
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <xxhash.h>
+
+#include "base/timer.h"
+#include "engine/session.h"
+
+namespace geist {
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "snapshot I/O assumes a little-endian host");
+
+constexpr char kMagic[8] = {'G', 'E', 'I', 'S', 'T', 'S', 'N', 'P'};
+constexpr uint32_t kVersion = 1;
+constexpr uint32_t kHasLogits = 1u << 0;
+constexpr uint32_t kCheckpointLive = 1u << 1;
+constexpr uint32_t kKnownFlags = kHasLogits | kCheckpointLive;
+constexpr size_t kHeaderBytes = 72;
+constexpr size_t kChecksumFrom = 32;
+constexpr size_t kLayerBytes = 16;
+
+class Writer {
+ public:
+  explicit Writer(uint8_t *p) : p_(p) {}
+  void bytes(const void *src, size_t n) {
+    if (n) std::memcpy(p_ + off_, src, n);
+    off_ += n;
+  }
+  template <typename T>
+  void put(T v) { bytes(&v, sizeof v); }
+  void skip(size_t n) { off_ += n; }  // bytes written in place by the caller
+  size_t offset() const { return off_; }
+
+ private:
+  uint8_t *p_;
+  size_t off_ = 0;
+};
+
+// Bounds-checked reads; any overrun sets failed() and reads zeros.
+class Reader {
+ public:
+  Reader(const uint8_t *p, size_t n) : p_(p), n_(n) {}
+  bool take(void *dst, size_t n) {
+    if (bad_ || n > n_ - off_) {
+      bad_ = true;
+      if (dst && n) std::memset(dst, 0, n);
+      return false;
+    }
+    if (dst && n) std::memcpy(dst, p_ + off_, n);
+    off_ += n;
+    return true;
+  }
+  template <typename T>
+  T get() {
+    T v{};
+    take(&v, sizeof v);
+    return v;
+  }
+  // Pointer to the next n bytes, advanced past; nullptr if not there.
+  const uint8_t *span(size_t n) {
+    if (bad_ || n > n_ - off_) {
+      bad_ = true;
+      return nullptr;
+    }
+    const uint8_t *r = p_ + off_;
+    off_ += n;
+    return r;
+  }
+  bool failed() const { return bad_; }
+  size_t offset() const { return off_; }
+
+ private:
+  const uint8_t *p_;
+  size_t n_;
+  size_t off_ = 0;
+  bool bad_ = false;
+};
+
+// n * size, or SIZE_MAX on overflow.
+size_t mul(uint64_t n, uint64_t size) {
+  if (size != 0 && n > SIZE_MAX / size) return SIZE_MAX;
+  return static_cast<size_t>(n * size);
+}
+
+}  // namespace
+
+size_t Session::snapshot_size() const {
+  const size_t nv = size_t(n_vocab());
+  const int64_t n = int64_t(tokens_.size());
+  size_t b = kHeaderBytes + kLayerBytes * size_t(cache_->n_layers());
+  b += sizeof(int32_t) * tokens_.size();
+  if (has_logits_) b += sizeof(float) * nv;
+  b += 40 + sizeof(int32_t) * sampler_.state().history.size();
+  const bool live = pin_ && pin_->n == tokens_.size();
+  if (pin_) b += 40 + sizeof(int32_t) * pin_->sampler.history.size() + sizeof(float) * nv;
+  for (int l = 0; l < cache_->n_layers(); ++l) {
+    const size_t rf = size_t(cache_->spec(l).row_floats);
+    b += 2 * sizeof(float) * rf * size_t(n - live_from(l, n));
+    if (pin_ && !live && cache_->spec(l).window > 0) b += sizeof(float) * pin_->rows[l].size();
+  }
+  return b;
+}
+
+Status Session::snapshot(void *buf, size_t cap, size_t *written) const {
+  if (written == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "written is NULL");
+  const size_t size = snapshot_size();
+  *written = size;
+  if (cap < size) {
+    return GEIST_ERROR(GEIST_E_BUFFER_TOO_SMALL, "the snapshot needs %zu bytes, the buffer holds %zu", size, cap);
+  }
+  if (buf == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "buf is NULL");
+  Timer t;
+  const int64_t n = int64_t(tokens_.size());
+  const size_t nv = size_t(n_vocab());
+  const bool live = pin_ && pin_->n == tokens_.size();
+  uint8_t *base = static_cast<uint8_t *>(buf);
+  Writer w(base);
+  w.bytes(kMagic, 8);
+  w.put<uint32_t>(kVersion);
+  w.put<uint32_t>((has_logits_ ? kHasLogits : 0) | (live ? kCheckpointLive : 0));
+  w.put<uint64_t>(size);
+  w.put<uint64_t>(0);  // checksum, filled in last
+  w.put<uint64_t>(model_.fingerprint());
+  w.put<uint64_t>(nv);
+  w.put<uint64_t>(uint64_t(n));
+  w.put<uint64_t>(n_pinned());
+  w.put<uint32_t>(uint32_t(cache_->n_layers()));
+  w.put<uint32_t>(0);
+  for (int l = 0; l < cache_->n_layers(); ++l) {
+    w.put<uint64_t>(uint64_t(cache_->spec(l).row_floats));
+    w.put<uint32_t>(uint32_t(cache_->spec(l).window));
+    w.put<uint32_t>(uint32_t(n - live_from(l, n)));
+  }
+  w.bytes(tokens_.data(), sizeof(int32_t) * tokens_.size());
+  if (has_logits_) w.bytes(logits_.data(), sizeof(float) * nv);
+  auto put_sampler = [&](const Sampler::State &st) {
+    for (uint64_t r : st.rng) w.put<uint64_t>(r);
+    w.put<uint64_t>(st.history.size());
+    w.bytes(st.history.data(), sizeof(int32_t) * st.history.size());
+  };
+  put_sampler(sampler_.state());
+  if (pin_) {
+    put_sampler(pin_->sampler);
+    w.bytes(pin_->logits.data(), sizeof(float) * nv);
+  }
+  for (int l = 0; l < cache_->n_layers(); ++l) {
+    const int64_t from = live_from(l, n);
+    copy_rows_out(l, from, n, reinterpret_cast<float *>(base + w.offset()));  // memcpy: no alignment needed
+    w.skip(2 * sizeof(float) * size_t(cache_->spec(l).row_floats) * size_t(n - from));
+  }
+  if (pin_ && !live) {
+    for (int l = 0; l < cache_->n_layers(); ++l) {
+      if (cache_->spec(l).window > 0) w.bytes(pin_->rows[l].data(), sizeof(float) * pin_->rows[l].size());
+    }
+  }
+  GEIST_CHECK(w.offset() == size, "snapshot size and layout disagree");
+  const uint64_t sum = XXH3_64bits(base + kChecksumFrom, size - kChecksumFrom);
+  std::memcpy(base + 24, &sum, 8);
+  stats_.snapshot_seconds += t.seconds();
+  stats_.n_snapshots += 1;
+  return Status::ok();
+}
+
+Status Session::restore(const void *buf, size_t size) {
+  if (buf == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "snapshot buffer is NULL");
+  Timer t;
+  const uint8_t *base = static_cast<const uint8_t *>(buf);
+  if (size < kHeaderBytes || std::memcmp(base, kMagic, 8) != 0) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT, "not a geist session snapshot (%zu bytes, no GEISTSNP header)", size);
+  }
+  Reader r(base, size);
+  r.span(8);
+  const uint32_t version = r.get<uint32_t>();
+  const uint32_t flags = r.get<uint32_t>();
+  const uint64_t total = r.get<uint64_t>();
+  const uint64_t sum = r.get<uint64_t>();
+  if (version != kVersion) {
+    return GEIST_ERROR(GEIST_E_UNSUPPORTED, "snapshot version %u; this build reads version %u", version, kVersion);
+  }
+  if (total != size) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT, "snapshot is %zu bytes but its header says %llu (truncated?)", size,
+                       (unsigned long long)total);
+  }
+  if (XXH3_64bits(base + kChecksumFrom, size - kChecksumFrom) != sum) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT, "snapshot checksum mismatch: the image is corrupt");
+  }
+  if (flags & ~kKnownFlags) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "snapshot has unknown flags 0x%x", flags);
+  const uint64_t fingerprint = r.get<uint64_t>();
+  const uint64_t nv = r.get<uint64_t>();
+  const uint64_t n = r.get<uint64_t>();
+  const uint64_t n_pin = r.get<uint64_t>();
+  const uint32_t n_layers = r.get<uint32_t>();
+  const uint32_t reserved = r.get<uint32_t>();
+  if (fingerprint != model_.fingerprint()) {
+    return GEIST_ERROR(GEIST_E_MISMATCH, "snapshot was made with another model (fingerprint %016llx, this model %016llx)",
+                       (unsigned long long)fingerprint, (unsigned long long)model_.fingerprint());
+  }
+  if (nv != uint64_t(n_vocab()) || n_layers != uint32_t(cache_->n_layers())) {
+    return GEIST_ERROR(GEIST_E_MISMATCH, "snapshot geometry (%llu layers, vocabulary %llu) differs from the model's "
+                       "(%d, %lld)", (unsigned long long)n_layers, (unsigned long long)nv, cache_->n_layers(),
+                       (long long)n_vocab());
+  }
+  if (reserved != 0 || n_pin > n) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "snapshot header is inconsistent");
+  const bool has_logits = flags & kHasLogits, live = flags & kCheckpointLive;
+  if ((n > 0) != has_logits || (live && (n_pin == 0 || n_pin != n))) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT, "snapshot flags disagree with its token counts");
+  }
+  if (n > uint64_t(cache_->n_ctx())) {
+    return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "snapshot holds %llu tokens; this session's context is %lld",
+                       (unsigned long long)n, (long long)cache_->n_ctx());
+  }
+  for (int l = 0; l < cache_->n_layers(); ++l) {
+    const uint64_t rf = r.get<uint64_t>();
+    const uint32_t window = r.get<uint32_t>();
+    const uint32_t rows = r.get<uint32_t>();
+    if (r.failed()) break;
+    if (rf != uint64_t(cache_->spec(l).row_floats) || window != uint32_t(cache_->spec(l).window)) {
+      return GEIST_ERROR(GEIST_E_MISMATCH, "snapshot layer %d has KV rows of %llu floats, window %u; the model's "
+                         "are %lld, %d", l, (unsigned long long)rf, window, (long long)cache_->spec(l).row_floats,
+                         cache_->spec(l).window);
+    }
+    if (rows != uint64_t(int64_t(n) - live_from(l, int64_t(n)))) {
+      return GEIST_ERROR(GEIST_E_BAD_FORMAT, "snapshot layer %d stores %u rows, expected %lld", l, rows,
+                         (long long)(int64_t(n) - live_from(l, int64_t(n))));
+    }
+  }
+  const uint8_t *tok = r.span(mul(n, 4));
+  const uint8_t *logits = has_logits ? r.span(mul(nv, 4)) : nullptr;
+  Sampler::State sst, pst;
+  auto get_sampler = [&](Sampler::State *st) -> bool {
+    for (uint64_t &x : st->rng) x = r.get<uint64_t>();
+    const uint64_t nh = r.get<uint64_t>();
+    if (r.failed() || nh > (size - r.offset()) / 4) return false;
+    st->history.resize(nh);
+    return r.take(st->history.data(), nh * 4);
+  };
+  if (r.failed() || !get_sampler(&sst)) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "snapshot is truncated");
+  const uint8_t *pin_logits = nullptr;
+  if (n_pin > 0) {
+    if (!get_sampler(&pst)) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "snapshot is truncated");
+    pin_logits = r.span(mul(nv, 4));
+  }
+  std::vector<const uint8_t *> kv(cache_->n_layers()), ck(cache_->n_layers(), nullptr);
+  for (int l = 0; l < cache_->n_layers(); ++l) {
+    const uint64_t rows = uint64_t(int64_t(n) - live_from(l, int64_t(n)));
+    kv[l] = r.span(mul(mul(2 * rows, uint64_t(cache_->spec(l).row_floats)), 4));
+  }
+  if (n_pin > 0 && !live) {
+    for (int l = 0; l < cache_->n_layers(); ++l) {
+      if (cache_->spec(l).window == 0) continue;
+      const uint64_t rows = uint64_t(int64_t(n_pin) - live_from(l, int64_t(n_pin)));
+      ck[l] = r.span(mul(mul(2 * rows, uint64_t(cache_->spec(l).row_floats)), 4));
+    }
+  }
+  if (r.failed() || r.offset() != size) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT, "snapshot sections do not add up to its size (%s)",
+                       r.failed() ? "truncated" : "trailing bytes");
+  }
+  for (uint64_t i = 0; i < n; ++i) {
+    int32_t id;
+    std::memcpy(&id, tok + 4 * i, 4);
+    if (id < 0 || int64_t(id) >= n_vocab()) {
+      return GEIST_ERROR(GEIST_E_BAD_FORMAT, "snapshot token %llu has id %d outside the vocabulary",
+                         (unsigned long long)i, id);
+    }
+  }
+
+  // Everything is validated; allocate, then commit (nothing below fails but allocation,
+  // and that happens before the session changes).
+  std::vector<int32_t> new_tokens(n);
+  if (n) std::memcpy(new_tokens.data(), tok, n * 4);
+  std::unique_ptr<Pin> new_pin;
+  if (n_pin > 0) {
+    new_pin = std::make_unique<Pin>();
+    new_pin->n = n_pin;
+    new_pin->logits.resize(nv);
+    std::memcpy(new_pin->logits.data(), pin_logits, nv * 4);
+    new_pin->sampler = std::move(pst);
+    new_pin->rows.resize(cache_->n_layers());
+    for (int l = 0; l < cache_->n_layers(); ++l) {
+      if (cache_->spec(l).window == 0) continue;
+      const size_t rows = size_t(int64_t(n_pin) - live_from(l, int64_t(n_pin)));
+      new_pin->rows[l].resize(2 * rows * size_t(cache_->spec(l).row_floats));
+      // live: the checkpoint rows are the kv section's rows (same positions).
+      std::memcpy(new_pin->rows[l].data(), live ? kv[l] : ck[l], new_pin->rows[l].size() * 4);
+    }
+  }
+  tokens_.swap(new_tokens);
+  if (has_logits) std::memcpy(logits_.data(), logits, nv * 4);
+  has_logits_ = has_logits;
+  sampler_.set_state(sst);
+  // Write the checkpoint rows first, then the live rows, so each ring slot ends holding
+  // the latest position, as after an uninterrupted run.
+  for (int l = 0; l < cache_->n_layers(); ++l) {
+    if (new_pin && cache_->spec(l).window > 0) {
+      copy_rows_in(l, live_from(l, int64_t(n_pin)), int64_t(n_pin), new_pin->rows[l].data());
+    }
+    const int64_t from = live_from(l, int64_t(n));
+    // The image's floats may be unaligned: stage through copy_rows_in's memcpy.
+    copy_rows_in(l, from, int64_t(n), reinterpret_cast<const float *>(kv[l]));
+  }
+  cache_->n_past = int64_t(n);
+  pin_ = std::move(new_pin);
+  stats_.restore_seconds += t.seconds();
+  stats_.n_restores += 1;
+  return Status::ok();
+}
+
+Status Session::save_file(const std::string &path) const {
+  std::vector<uint8_t> img(snapshot_size());
+  size_t written = 0;
+  GEIST_RETURN_IF_ERROR(snapshot(img.data(), img.size(), &written));
+  const std::string tmp = path + ".tmp";
+  FILE *f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return GEIST_ERROR(GEIST_E_IO, "cannot create '%s': %s", tmp.c_str(), std::strerror(errno));
+  const bool ok = std::fwrite(img.data(), 1, written, f) == written;
+  const int err = errno;
+  if (std::fclose(f) != 0 || !ok) {
+    std::remove(tmp.c_str());
+    return GEIST_ERROR(GEIST_E_IO, "cannot write '%s': %s", tmp.c_str(), std::strerror(ok ? errno : err));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    std::remove(tmp.c_str());
+    return GEIST_ERROR(GEIST_E_IO, "cannot rename '%s' to '%s': %s", tmp.c_str(), path.c_str(), std::strerror(e));
+  }
+  return Status::ok();
+}
+
+Status Session::load_file(const std::string &path) {
+  FILE *f = std::fopen(path.c_str(), "rb");
+  if (!f) return GEIST_ERROR(GEIST_E_IO, "cannot open '%s': %s", path.c_str(), std::strerror(errno));
+  struct stat st;
+  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    std::fclose(f);
+    return GEIST_ERROR(GEIST_E_IO, "'%s' is not a regular file", path.c_str());
+  }
+  std::vector<uint8_t> img(static_cast<size_t>(st.st_size));
+  const bool ok = std::fread(img.data(), 1, img.size(), f) == img.size();
+  std::fclose(f);
+  if (!ok) return GEIST_ERROR(GEIST_E_IO, "cannot read '%s'", path.c_str());
+  Status s = restore(img.data(), img.size());
+  if (!s) return Status(s.code(), "'" + path + "': " + s.message());
+  return s;
+}
+
+}  // namespace geist
