@@ -222,7 +222,9 @@ Status Session::restore(const void *buf, size_t size) {
   }
   if (reserved != 0 || n_pin > n) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "snapshot header is inconsistent");
   const bool has_logits = flags & kHasLogits, live = flags & kCheckpointLive;
-  if ((n > 0) != has_logits || (live && (n_pin == 0 || n_pin != n))) {
+  // live exactly when the pin is at the end: the writer's only form for n_pinned ==
+  // n_tokens (a separate checkpoint could then disagree with the kv rows it duplicates).
+  if ((n > 0) != has_logits || live != (n_pin > 0 && n_pin == n)) {
     return GEIST_ERROR(GEIST_E_BAD_FORMAT, "snapshot flags disagree with its token counts");
   }
   if (n > uint64_t(cache_->n_ctx())) {
