@@ -361,7 +361,9 @@ Status Session::load_file(const std::string &path) {
   const bool ok = std::fread(img.data(), 1, img.size(), f) == img.size();
   std::fclose(f);
   if (!ok) return GEIST_ERROR(GEIST_E_IO, "cannot read '%s'", path.c_str());
-  Status s = restore(img.data(), img.size());
+  // An empty file is a format error, not a NULL buffer (an empty vector's data() may be NULL).
+  static const uint8_t kNone = 0;
+  Status s = restore(img.empty() ? &kNone : img.data(), img.size());
   if (!s) return Status(s.code(), "'" + path + "': " + s.message());
   return s;
 }
