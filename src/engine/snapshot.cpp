@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <xxhash.h>
 
 #include "base/timer.h"
@@ -307,10 +308,14 @@ Status Session::restore(const void *buf, size_t size) {
       std::memcpy(new_pin->rows[l].data(), live ? kv[l] : ck[l], new_pin->rows[l].size() * 4);
     }
   }
+  // The sampler is staged too: set_state allocates (its history), a move does not.
+  static_assert(std::is_nothrow_move_assignable_v<Sampler>);
+  Sampler new_sampler(sampler_.params());
+  new_sampler.set_state(sst);
   tokens_.swap(new_tokens);
   if (has_logits) std::memcpy(logits_.data(), logits, nv * 4);
   has_logits_ = has_logits;
-  sampler_.set_state(sst);
+  sampler_ = std::move(new_sampler);
   // Write the checkpoint rows first, then the live rows, so each ring slot ends holding
   // the latest position, as after an uninterrupted run.
   for (int l = 0; l < cache_->n_layers(); ++l) {
