@@ -2,6 +2,8 @@
 
 #include <sched.h>
 
+#include "base/status.h"
+
 namespace geist {
 
 namespace {
@@ -37,11 +39,22 @@ ThreadPool::~ThreadPool() {
   for (auto &w : workers_) w.join();
 }
 
-void ThreadPool::drain(int thread) {
+int ThreadPool::claim(uint64_t gen) {
+  uint64_t w = work_.load(std::memory_order_acquire);
   for (;;) {
-    int task = next_task_.fetch_add(1, std::memory_order_relaxed);
-    if (task >= n_tasks_) break;
-    (*fn_)(task, thread);
+    const uint64_t idx = w & 0xFFFFFF, n = (w >> 24) & 0xFFFFFF;
+    if ((w >> 48) != (gen & 0xFFFF) || idx >= n) return -1;
+    if (work_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      return static_cast<int>(idx);
+    }
+  }
+}
+
+void ThreadPool::drain(int thread) {
+  const uint64_t gen = work_.load(std::memory_order_acquire) >> 48;
+  for (int task; (task = claim(gen)) >= 0;) {
+    (*fn_)(task, thread);  // fn_ is this generation's: it cannot end while a task is claimed
+    done_.fetch_add(1, std::memory_order_acq_rel);
   }
 }
 
@@ -60,7 +73,6 @@ void ThreadPool::worker_main(int thread) {
     seen = g;
     if (stop_.load(std::memory_order_acquire)) return;
     drain(thread);
-    n_active_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 
@@ -70,14 +82,23 @@ void ThreadPool::run(int n_tasks, const TaskFn &fn) {
     for (int t = 0; t < n_tasks; ++t) fn(t, 0);
     return;
   }
+  GEIST_CHECK(n_tasks < (1 << 24), "ThreadPool::run: more than 2^24 tasks");
   fn_ = &fn;
-  n_tasks_ = n_tasks;
-  next_task_.store(0, std::memory_order_relaxed);
-  n_active_.store(n_threads_ - 1, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
+  const uint64_t gen = (generation_.load(std::memory_order_relaxed) + 1u) & 0xFFFF;
+  work_.store((gen << 48) | (uint64_t(n_tasks) << 24), std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_acq_rel);
   generation_.notify_all();
   drain(0);
-  while (n_active_.load(std::memory_order_acquire) != 0) cpu_relax();
+  // Tasks the workers claimed may still be running: spin briefly, then yield the core
+  // (the worker may be waiting for it).
+  for (int i = 0; done_.load(std::memory_order_acquire) != n_tasks; ++i) {
+    if (i < 2000) {
+      cpu_relax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
   fn_ = nullptr;
 }
 

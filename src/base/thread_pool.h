@@ -6,6 +6,11 @@
 // independent of that (scratch is indexed by `thread`, outputs by `task`), which is what
 // makes kernels deterministic for any thread count.
 // One run() at a time per pool (callers serialize); fn must not throw.
+//
+// run() returns as soon as every task is done, whether or not the workers ever woke up:
+// tasks are claimed from a word that packs (generation, n_tasks, next index), so a worker
+// that wakes late finds nothing to claim and the caller never waits for a descheduled
+// thread (what matters when many sessions' pools share few cores).
 #pragma once
 
 #include <atomic>
@@ -38,11 +43,15 @@ class ThreadPool {
 
   int n_threads_;
   std::vector<std::thread> workers_;
+  // Claims one task of generation `gen` from work_; -1 if none is left (or the
+  // generation moved on).
+  int claim(uint64_t gen);
+
   const TaskFn *fn_ = nullptr;
-  int n_tasks_ = 0;
-  std::atomic<int> next_task_{0};
-  std::atomic<int> n_active_{0};     // workers still inside the current generation
-  std::atomic<uint32_t> generation_{0};
+  // [63:48] generation (mod 2^16), [47:24] n_tasks, [23:0] next task index.
+  std::atomic<uint64_t> work_{0};
+  std::atomic<int> done_{0};             // tasks of the current generation finished
+  std::atomic<uint32_t> generation_{0};  // futex word the workers sleep on
   std::atomic<bool> stop_{false};
 };
 
