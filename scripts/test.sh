@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh clone: dependencies, the default model, a release
 # build with every test (unit, int, e2e), then the unit and int tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer.  GEIST_SKIP_SANITIZERS=1 skips the latter.
+# AddressSanitizer + UndefinedBehaviorSanitizer, and the threaded tests under
+# ThreadSanitizer.  GEIST_SKIP_SANITIZERS=1 skips the sanitizer runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="$(nproc)"
@@ -15,7 +16,14 @@ ctest --preset release -j"$jobs"
 if [ "${GEIST_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake -S . -B build/asan-ubsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
-    -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
+    -DCMAKE_C_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer" \
+    -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" \
+    -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined" >/dev/null
   cmake --build build/asan-ubsan -j"$jobs"
   ctest --test-dir build/asan-ubsan -L 'unit|int' -j"$jobs" --output-on-failure
+
+  # ThreadSanitizer: the tests that run threads (pools, sessions on 4 threads at once).
+  cmake --preset tsan >/dev/null
+  cmake --build --preset tsan -j"$jobs" --target thread_pool_unit concurrency_int
+  ctest --test-dir build/tsan -R '^(ThreadPoolUnit|ConcurrencyInt)\.' -j"$jobs" --output-on-failure
 fi

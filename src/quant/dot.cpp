@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/cpu_clones.h"
 #include "quant/block_formats.h"
 #include "quant/quant.h"
 
@@ -221,7 +222,7 @@ bool unpack_row(GgmlType t, const void *src, int64_t k, UnpackedRow *out) {
   return true;
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+GEIST_CPU_CLONES
 float dot_unpacked(const UnpackedRow &w, const QuantizedRow &x) {
   const int bs = w.block;
   const int64_t nb = w.k / bs;
@@ -244,7 +245,7 @@ float dot_unpacked(const UnpackedRow &w, const QuantizedRow &x) {
   return sum;
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+GEIST_CPU_CLONES
 float dot_q8_0_blocks(const void *wrow, const QuantizedRow &x) {
   const auto *p = static_cast<const uint8_t *>(wrow);
   const int64_t nb = x.k / 32;

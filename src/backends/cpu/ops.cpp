@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "base/cpu_clones.h"
 #include "base/status.h"
 #include "quant/dot.h"
 #include "quant/quant.h"
@@ -19,7 +20,7 @@ namespace {
 // tree. The compiler maps the 16 lanes onto SIMD registers of any width; the result is
 // the same on every ISA because the association never changes (built with
 // -ffp-contract=off, no fast-math).
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+GEIST_CPU_CLONES
 float dot_f32(const float *a, const float *b, int64_t n) {
   float acc[16] = {};
   int64_t i = 0;

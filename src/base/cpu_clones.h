@@ -1,0 +1,11 @@
+// GEIST_CPU_CLONES: compile a function for AVX-512 (x86-64-v4), AVX2 (x86-64-v3) and the
+// baseline, picked once at load through an ifunc. Empty where ifunc resolvers cannot run:
+// ThreadSanitizer instruments the resolver, which runs before its runtime is up.
+// (Issue 5 replaces this with explicit per-ISA translation units.)
+#pragma once
+
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+#define GEIST_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define GEIST_CPU_CLONES
+#endif
