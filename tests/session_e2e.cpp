@@ -276,5 +276,35 @@ TEST_F(SessionE2e, BeyondSlidingWindowBitIdentical) {
   expect_bit_identical(a, c, "700 tokens: chunks of 256 vs chunks of 64 (ring wraps)");
 }
 
+TEST_F(SessionE2e, PinResetAndRestorePastTheWindowBitIdentical) {
+  // Pin 300 tokens, run a 400-token request (the sliding layers' ring of 512 + 63 slots
+  // wraps, overwriting rows the pin needs), reset, run it again; then snapshot, restore
+  // into a session with another chunk size and thread count, reset and run it a third
+  // time. Every time the logits after token 700 equal a straight 700-token prefill.
+  const size_t P = 300, n = 700;
+  const std::vector<float> straight = logits_after(n, 1100, 2, 256);
+  std::unique_ptr<Session> s = make(1100, 2, 64);
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->pin_prefix(tokens_->data(), P));
+  for (int round = 0; round < 2; ++round) {
+    s->reset();
+    ASSERT_TRUE(s->prefill(tokens_->data() + P, n - P));
+    expect_bit_identical(straight, copy_logits(*s), "pinned request, round " + std::to_string(round));
+  }
+  EXPECT_GT(s->stats().n_reset_rows, 0u);  // the second reset had rows to copy back
+  std::vector<uint8_t> img(s->snapshot_size());
+  size_t written = 0;
+  ASSERT_TRUE(s->snapshot(img.data(), img.size(), &written));
+  std::unique_ptr<Session> r = make(1100, 1, 256);
+  ASSERT_TRUE(r);
+  Status st = r->restore(img.data(), written);
+  ASSERT_TRUE(st) << st.to_string();
+  expect_bit_identical(straight, copy_logits(*r), "restored");
+  r->reset();
+  EXPECT_EQ(r->n_tokens(), P);
+  ASSERT_TRUE(r->prefill(tokens_->data() + P, n - P));
+  expect_bit_identical(straight, copy_logits(*r), "restored, reset, request again");
+}
+
 }  // namespace
 }  // namespace geist
