@@ -2,6 +2,12 @@
 // signal), exactly one stderr line "geist: error: ..." naming the problem and nothing on
 // stdout; --help and inspect succeed; with the default model, run prints text and a stats
 // line. Each child runs under a 60 s watchdog (killed and reported if it hangs).
+//
+// On the tiny random-weight model (tests/data/tiny_gemma3.gguf, fast): run's prompt cache
+// gives the output of a run without it (greedy and sampled) and reports what it reused;
+// chat keeps a valid Gemma 3 conversation in its session, continues one across processes
+// through --save/--load exactly, refuses bad files, and leaves the session as it was when
+// a turn does not fit; perplexity prints the engine's number.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -12,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +26,10 @@
 #include <thread>
 #include <vector>
 
+#include "engine/model.h"
+#include "engine/perplexity.h"
+#include "engine/session.h"
+#include "geist/geist.hpp"
 #include "test_util.h"
 
 extern char **environ;
@@ -70,11 +81,16 @@ void write_bytes(const std::string &path, const std::vector<uint8_t> &b) {
   ASSERT_TRUE(f.good()) << "cannot write " << path;
 }
 
-// Run geist with args, stdout and stderr to files in dir, stdin from /dev/null.
-ProcResult run_geist(const std::vector<std::string> &args, int timeout_s = 60) {
+// Run geist with args, stdout and stderr to files in dir, stdin from a file holding
+// `input` (from /dev/null if input is empty).
+ProcResult run_geist(const std::vector<std::string> &args, const std::string &input = "", int timeout_s = 60) {
   ProcResult r;
   TempDir dir;
-  const std::string out_path = dir.file("stdout"), err_path = dir.file("stderr");
+  const std::string out_path = dir.file("stdout"), err_path = dir.file("stderr"), in_path = dir.file("stdin");
+  if (!input.empty()) {
+    std::ofstream f(in_path, std::ios::binary);
+    f << input;
+  }
   std::vector<std::string> argv_s = {kGeist};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char *> argv;
@@ -83,7 +99,7 @@ ProcResult run_geist(const std::vector<std::string> &args, int timeout_s = 60) {
 
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 0, input.empty() ? "/dev/null" : in_path.c_str(), O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   pid_t pid = -1;
@@ -232,9 +248,12 @@ TEST(Cli, Help) {
   expect_usage(run_geist({"run", "--help"}), "run");
   expect_usage(run_geist({"perplexity", "--help"}), "perplexity");
   expect_usage(run_geist({"inspect", "--help"}), "inspect");
+  expect_usage(run_geist({"chat", "--help"}), "chat");
   // The top-level usage lists the subcommands.
   const ProcResult r = run_geist({"--help"});
-  for (const char *sub : {"run", "perplexity", "inspect"}) EXPECT_NE(r.out.find(sub), std::string::npos) << sub;
+  for (const char *sub : {"run", "chat", "perplexity", "inspect"}) {
+    EXPECT_NE(r.out.find(sub), std::string::npos) << sub;
+  }
 }
 
 TEST(Cli, InspectTiny) {
@@ -260,6 +279,404 @@ TEST(Cli, RunGreedy) {
   EXPECT_NE(r.out.find_first_not_of(" \n"), std::string::npos) << "no generated text";
   EXPECT_EQ(r.err.find("error"), std::string::npos);
   for (const char *w : {"prefill", "decode", "tokens/s"}) EXPECT_NE(r.err.find(w), std::string::npos) << w;
+}
+
+
+// ---------------------------------------------------------------------------------------
+// The tiny random-weight model: run --prompt-cache, chat, perplexity.
+
+std::string tiny() { return test::data_path("tiny_gemma3.gguf"); }
+const char kPrompt[] = "The capital of France is";
+
+std::vector<std::string> cat(std::vector<std::string> a, const std::vector<std::string> &b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+void expect_ok(const ProcResult &r) {
+  SCOPED_TRACE(describe(r));
+  EXPECT_TRUE(r.exited);
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.err.find("error"), std::string::npos);
+}
+
+// {N, M} of the one stderr line "prompt cache: reused N of M tokens"; {-1, -1} if there
+// is none, {-2, -2} if there are several.
+std::pair<long, long> reuse(const ProcResult &r) {
+  const std::string key = "prompt cache: reused ";
+  const size_t at = r.err.find(key);
+  if (at == std::string::npos) return {-1, -1};
+  if (r.err.find(key, at + 1) != std::string::npos) return {-2, -2};
+  long n = -1, m = -1;
+  if (std::sscanf(r.err.c_str() + at + key.size(), "%ld of %ld tokens", &n, &m) != 2) return {-1, -1};
+  return {n, m};
+}
+
+size_t count(const std::string &hay, const std::string &needle) {
+  size_t n = 0;
+  for (size_t at = hay.find(needle); at != std::string::npos; at = hay.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// The tiny model with one metadata byte changed: it runs the same, but its fingerprint
+// (so its snapshots' identity) differs.
+std::string renamed_tiny(const TempDir &dir) {
+  std::vector<uint8_t> b = test::read_file(tiny());
+  const std::string from = "tiny-gemma3-random", to = "tiny-gemma3-RANDOM";
+  const auto at = std::search(b.begin(), b.end(), from.begin(), from.end());
+  EXPECT_NE(at, b.end()) << "general.name not found in the tiny model";
+  if (at != b.end()) std::copy(to.begin(), to.end(), at);
+  const std::string path = dir.file("renamed.gguf");
+  write_bytes(path, b);
+  return path;
+}
+
+std::vector<std::string> run_args(const std::string &prompt, const std::vector<std::string> &extra = {}) {
+  return cat({"run", "-m", tiny(), "-p", prompt, "-n", "24", "-t", "2"}, extra);
+}
+
+TEST(CliTiny, RunGreedy) {
+  const ProcResult r = run_geist(run_args(kPrompt, {"--temp", "0"}));
+  expect_ok(r);
+  EXPECT_NE(r.out.find_first_not_of(" \n"), std::string::npos) << "no generated text";
+  for (const char *w : {"load", "prefill 16 tokens", "decode 24 tokens", "tokens/s", "2 threads"}) {
+    EXPECT_NE(r.err.find(w), std::string::npos) << w << "\n" << r.err;
+  }
+}
+
+TEST(CliTiny, RunPromptLongerThanContext) {
+  TempDir dir;
+  const std::string cache = dir.file("cache.snap");
+  expect_one_error_line(run_geist(run_args(kPrompt, {"-c", "8"})), {"prompt", "16 tokens", "context", "8"});
+  expect_one_error_line(run_geist(run_args(kPrompt, {"-c", "8", "--prompt-cache", cache})),
+                        {"prompt", "16 tokens", "context", "8"});
+  EXPECT_FALSE(fs::exists(cache));
+}
+
+TEST(CliTiny, RunPromptCacheGivesTheSameOutput) {
+  TempDir dir;
+  const std::string cache = dir.file("cache.snap");
+  const std::vector<std::string> greedy = {"--temp", "0"};
+  const ProcResult plain = run_geist(run_args(kPrompt, greedy));
+  expect_ok(plain);
+  EXPECT_EQ(reuse(plain).first, -1) << "no cache, no cache line";
+
+  const ProcResult first = run_geist(run_args(kPrompt, cat(greedy, {"--prompt-cache", cache})));
+  expect_ok(first);
+  EXPECT_EQ(reuse(first), std::make_pair(0L, 16L)) << first.err;
+  EXPECT_EQ(first.out, plain.out);
+  EXPECT_TRUE(fs::exists(cache));
+  EXPECT_FALSE(fs::exists(cache + ".tmp"));
+
+  const ProcResult second = run_geist(run_args(kPrompt, cat(greedy, {"--prompt-cache", cache})));
+  expect_ok(second);
+  EXPECT_EQ(reuse(second), std::make_pair(16L, 16L)) << second.err;
+  EXPECT_NE(second.err.find("prefill 0 tokens"), std::string::npos) << second.err;
+  EXPECT_EQ(second.out, plain.out);
+}
+
+TEST(CliTiny, RunPromptCacheReusesAPrefix) {
+  TempDir dir;
+  const std::string cache = dir.file("cache.snap");
+  const std::vector<std::string> args = {"--temp", "0", "--prompt-cache", cache};
+  ASSERT_EQ(reuse(run_geist(run_args(kPrompt, args))), std::make_pair(0L, 16L));
+  // The cached tokens are a prefix of the prompt: only the rest is prefilled.
+  const std::string longer = std::string(kPrompt) + " Paris, and";
+  const ProcResult a = run_geist(run_args(longer, args));
+  expect_ok(a);
+  const auto [na, ma] = reuse(a);
+  EXPECT_EQ(na, 16);
+  EXPECT_GT(ma, 16);
+  EXPECT_EQ(a.out, run_geist(run_args(longer, {"--temp", "0"})).out);
+  // Now the file holds `longer` with kPrompt pinned: a prompt that continues kPrompt
+  // differently goes back to the pin.
+  const std::string other = std::string(kPrompt) + " Berlin";
+  const ProcResult b = run_geist(run_args(other, args));
+  expect_ok(b);
+  EXPECT_EQ(reuse(b).first, 16) << b.err;
+  EXPECT_EQ(b.out, run_geist(run_args(other, {"--temp", "0"})).out);
+  // Nothing in common: all of it is evaluated.
+  const ProcResult c = run_geist(run_args("Once upon a time", args));
+  expect_ok(c);
+  EXPECT_EQ(reuse(c).first, 0) << c.err;
+  EXPECT_EQ(c.out, run_geist(run_args("Once upon a time", {"--temp", "0"})).out);
+}
+
+TEST(CliTiny, RunPromptCacheSampledUsesThisRunsSeed) {
+  TempDir dir;
+  const std::string cache = dir.file("cache.snap");
+  const std::vector<std::string> s5 = {"--temp", "0.9", "--seed", "5"}, s6 = {"--temp", "0.9", "--seed", "6"};
+  const ProcResult p5 = run_geist(run_args(kPrompt, s5)), p6 = run_geist(run_args(kPrompt, s6));
+  ASSERT_NE(p5.out, p6.out) << "the seeds should give different text";
+  EXPECT_EQ(run_geist(run_args(kPrompt, cat(s5, {"--prompt-cache", cache}))).out, p5.out);
+  const ProcResult r = run_geist(run_args(kPrompt, cat(s6, {"--prompt-cache", cache})));
+  expect_ok(r);
+  EXPECT_EQ(reuse(r), std::make_pair(16L, 16L));
+  EXPECT_EQ(r.out, p6.out);
+}
+
+TEST(CliTiny, RunPromptCacheFallsBackOnABadFile) {
+  TempDir dir;
+  const std::string cache = dir.file("cache.snap");
+  const std::vector<std::string> greedy = {"--temp", "0"};
+  const ProcResult plain = run_geist(run_args(kPrompt, greedy));
+  {
+    std::ofstream f(cache);
+    f << "not a snapshot\n";
+  }
+  const ProcResult r = run_geist(run_args(kPrompt, cat(greedy, {"--prompt-cache", cache})));
+  SCOPED_TRACE(describe(r));
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(count(r.err, "warning: prompt cache not used"), 1u);
+  EXPECT_NE(r.err.find("not a geist session snapshot"), std::string::npos);
+  EXPECT_EQ(reuse(r), std::make_pair(0L, 16L));
+  EXPECT_EQ(r.out, plain.out);
+  // It was replaced by a good one.
+  EXPECT_EQ(reuse(run_geist(run_args(kPrompt, cat(greedy, {"--prompt-cache", cache})))), std::make_pair(16L, 16L));
+
+  // A snapshot of another model.
+  const std::string other = dir.file("other.snap");
+  const ProcResult o =
+      run_geist({"run", "-m", renamed_tiny(dir), "-p", kPrompt, "-n", "1", "--prompt-cache", other});
+  ASSERT_EQ(o.code, 0) << describe(o);
+  const ProcResult m = run_geist(run_args(kPrompt, cat(greedy, {"--prompt-cache", other})));
+  EXPECT_EQ(m.code, 0);
+  EXPECT_EQ(count(m.err, "warning: prompt cache not used"), 1u) << m.err;
+  EXPECT_NE(m.err.find("another model"), std::string::npos) << m.err;
+  EXPECT_EQ(m.out, plain.out);
+}
+
+std::vector<std::string> chat_args(const std::vector<std::string> &extra, const std::string &model = "") {
+  return cat({"chat", "-m", model.empty() ? tiny() : model, "-n", "12", "-t", "2"}, extra);
+}
+
+TEST(CliTiny, ChatFirstTurnIsRunChat) {
+  for (const std::vector<std::string> &sys : {std::vector<std::string>{}, {"--system", "Be brief."}}) {
+    const ProcResult run =
+        run_geist(cat({"run", "-m", tiny(), "--chat", "-p", "hello", "-n", "12", "--temp", "0"}, sys));
+    const ProcResult chat = run_geist(chat_args(cat({"--temp", "0"}, sys)), "hello\n");
+    expect_ok(chat);
+    EXPECT_EQ(chat.out, run.out);
+    EXPECT_EQ(chat.err.find("> "), std::string::npos) << "prompt shown although stdin is not a terminal";
+    EXPECT_NE(chat.err.find("chat: 1 turn"), std::string::npos) << chat.err;
+  }
+}
+
+// A saved chat session's tokens parsed as Gemma 3 turns: user texts are given, replies
+// (at most n_predict tokens each) are found. Fails the test where the tokens deviate.
+struct Parsed {
+  std::vector<std::vector<geist_token>> replies;
+  std::vector<geist_token> ends;  // per reply: the end-of-generation token, or -1
+};
+
+Parsed parse_conversation(const api::Model &m, const std::vector<geist_token> &t,
+                          const std::vector<std::string> &users, size_t n_predict) {
+  Parsed p;
+  size_t at = 0;
+  auto expect = [&](const std::vector<geist_token> &seq, const std::string &what) {
+    const bool ok = at + seq.size() <= t.size() && std::equal(seq.begin(), seq.end(), t.begin() + at);
+    EXPECT_TRUE(ok) << what << " expected at token " << at;
+    at += seq.size();
+    return ok;
+  };
+  auto toks = [&](const std::string &s, bool special) { return m.tokenize_or_throw(s, false, special); };
+  const geist_token eot = toks("<end_of_turn>", true).at(0);
+  for (size_t u = 0; u < users.size(); ++u) {
+    std::vector<geist_token> open = u == 0 ? std::vector<geist_token>{m.info().bos} : std::vector<geist_token>{};
+    const std::vector<geist_token> marker = toks("<start_of_turn>user\n", true);
+    open.insert(open.end(), marker.begin(), marker.end());
+    if (!expect(open, "<start_of_turn>user\\n") || !expect(toks(users[u], false), "user text '" + users[u] + "'") ||
+        !expect(toks("<end_of_turn>\n<start_of_turn>model\n", true), "end of the user turn")) {
+      return p;
+    }
+    std::vector<geist_token> reply;
+    geist_token end = -1;
+    while (at < t.size() && reply.size() < n_predict && !m.is_eog(t[at])) reply.push_back(t[at++]);
+    if (at < t.size() && m.is_eog(t[at])) end = t[at++];
+    p.replies.push_back(reply);
+    p.ends.push_back(end);
+    // After <end_of_turn> only "\n"; otherwise the whole marker closes the model turn.
+    if (!expect(end == eot ? toks("\n", false) : toks("<end_of_turn>\n", true), "end of the model turn")) return p;
+  }
+  EXPECT_EQ(at, t.size()) << "tokens after the last turn";
+  return p;
+}
+
+std::vector<geist_token> saved_tokens(const api::Model &m, const std::string &path, size_t *n_pinned = nullptr) {
+  api::Session s = api::Session::create_or_throw(m);
+  const api::Error e = s.load_file(path);
+  EXPECT_FALSE(e) << e.to_string();
+  if (n_pinned) *n_pinned = s.n_pinned();
+  return s.tokens();
+}
+
+std::string detok(const api::Model &m, const std::vector<geist_token> &t) {
+  std::string s;
+  EXPECT_FALSE(m.detokenize(t, false, &s));
+  return s;
+}
+
+TEST(CliTiny, ChatHistoryIsAGemmaConversation) {
+  TempDir dir;
+  const std::string save = dir.file("conv.snap");
+  const ProcResult r = run_geist(chat_args({"--temp", "0", "--save", save}), "hello\n  how are you \n");
+  expect_ok(r);
+  const api::Model m = api::Model::load_or_throw(tiny());
+  const Parsed p = parse_conversation(m, saved_tokens(m, save), {"hello", "how are you"}, 12);
+  ASSERT_EQ(p.replies.size(), 2u);
+  EXPECT_EQ(r.out, detok(m, p.replies[0]) + "\n" + detok(m, p.replies[1]) + "\n");
+}
+
+TEST(CliTiny, ChatClosesAnEndOfTurnReplyWithANewline) {
+  // Near-uniform sampling over the 569 tokens ends a reply of up to 300 tokens with an
+  // end-of-generation token more often than not; find a seed whose first reply ends on
+  // <end_of_turn>, then check the history continues with "\n" and the next user turn.
+  const api::Model m = api::Model::load_or_throw(tiny());
+  const geist_token eot = m.info().eot;
+  ASSERT_GE(eot, 0);
+  TempDir dir;
+  bool found = false;
+  for (int seed = 1; seed <= 40 && !found; ++seed) {
+    const std::string save = dir.file("conv" + std::to_string(seed) + ".snap");
+    const ProcResult r = run_geist({"chat", "-m", tiny(), "-n", "300", "--temp", "100", "--top-k", "0", "--top-p", "1",
+                                    "--min-p", "0", "-s", std::to_string(seed), "--save", save},
+                                   "hello\nagain\n");
+    ASSERT_EQ(r.code, 0) << describe(r);
+    const Parsed p = parse_conversation(m, saved_tokens(m, save), {"hello", "again"}, 300);
+    ASSERT_EQ(p.replies.size(), 2u) << "seed " << seed;
+    EXPECT_EQ(r.out, detok(m, p.replies[0]) + "\n" + detok(m, p.replies[1]) + "\n") << "seed " << seed;
+    found = p.ends[0] == eot;
+  }
+  EXPECT_TRUE(found) << "no seed in 1..40 ended the first reply with <end_of_turn>";
+}
+
+TEST(CliTiny, ChatSaveLoadContinuesExactly) {
+  for (const std::vector<std::string> &sampling :
+       {std::vector<std::string>{"--temp", "0"}, {"--temp", "0.9", "--seed", "7"}}) {
+    SCOPED_TRACE(sampling.size() > 2 ? "sampled" : "greedy");
+    TempDir dir;
+    const std::string f = dir.file("conv.snap");
+    const ProcResult one = run_geist(chat_args(sampling), "hello\nhow are you\nand then?\n");
+    expect_ok(one);
+    const ProcResult a = run_geist(chat_args(cat(sampling, {"--save", f})), "hello\n");
+    const ProcResult b = run_geist(chat_args(cat(sampling, {"--load", f, "--save", f})), "how are you\n");
+    const ProcResult c = run_geist(chat_args(cat(sampling, {"--load", f})), "and then?\n");
+    expect_ok(a);
+    expect_ok(b);
+    expect_ok(c);
+    EXPECT_FALSE(b.out.empty());
+    EXPECT_FALSE(c.out.empty());
+    EXPECT_EQ(a.out + b.out + c.out, one.out);
+  }
+}
+
+TEST(CliTiny, ChatResetGoesBackToThePin) {
+  const api::Model m = api::Model::load_or_throw(tiny());
+  for (const std::vector<std::string> &sys : {std::vector<std::string>{}, {"--system", "Be brief."}}) {
+    SCOPED_TRACE(sys.empty() ? "no system" : "system");
+    TempDir dir;
+    const std::string f = dir.file("conv.snap");
+    const std::vector<std::string> args = cat({"--temp", "0"}, sys);
+    const ProcResult two = run_geist(chat_args(args), "hello\nhow are you\n");
+    const ProcResult one = run_geist(chat_args(args), "hello\n");
+    const ProcResult r = run_geist(chat_args(cat(args, {"--save", f})), "hello\nhow are you\n/reset\nhello\n/reset\n");
+    expect_ok(r);
+    EXPECT_EQ(r.out, two.out + one.out);
+    size_t n_pinned = 0;
+    const std::vector<geist_token> t = saved_tokens(m, f, &n_pinned);
+    EXPECT_EQ(t.size(), n_pinned) << "the file was saved after the last /reset";
+    EXPECT_EQ(n_pinned > 0, !sys.empty());
+  }
+}
+
+TEST(CliTiny, ChatLoadRefusesBadFiles) {
+  TempDir dir;
+  const std::string good = dir.file("good.snap");
+  ASSERT_EQ(run_geist(chat_args({"--temp", "0", "--save", good}), "hello\n").code, 0);
+  const std::vector<uint8_t> img = test::read_file(good);
+  ASSERT_GT(img.size(), 200u);
+
+  const std::string missing = dir.file("missing.snap");
+  expect_one_error_line(run_geist(chat_args({"--load", missing}), "hi\n"), {"missing.snap", "No such file"});
+  const std::string junk = dir.file("junk.snap");
+  write_bytes(junk, {'j', 'u', 'n', 'k'});
+  expect_one_error_line(run_geist(chat_args({"--load", junk}), "hi\n"), {"junk.snap", "not a geist session snapshot"});
+  const std::string cut = dir.file("cut.snap");
+  write_bytes(cut, std::vector<uint8_t>(img.begin(), img.begin() + img.size() / 2));
+  expect_one_error_line(run_geist(chat_args({"--load", cut}), "hi\n"), {"cut.snap", "truncated"});
+  std::vector<uint8_t> flipped = img;
+  flipped[flipped.size() / 2] ^= 0x40;
+  const std::string bad = dir.file("flipped.snap");
+  write_bytes(bad, flipped);
+  expect_one_error_line(run_geist(chat_args({"--load", bad}), "hi\n"), {"flipped.snap", "checksum"});
+  // The same conversation loaded into another model.
+  expect_one_error_line(run_geist(chat_args({"--load", good}, renamed_tiny(dir)), "hi\n"),
+                        {"good.snap", "another model"});
+}
+
+TEST(CliTiny, ChatLoadRefusesASnapshotOfTheDefaultModel) {
+  GEIST_REQUIRE_MODEL(model);
+  TempDir dir;
+  const std::string f = dir.file("default.snap");
+  const ProcResult r = run_geist({"chat", "-m", model, "-c", "64", "-n", "1", "--temp", "0", "--save", f}, "hi\n");
+  ASSERT_EQ(r.code, 0) << describe(r);
+  expect_one_error_line(run_geist(chat_args({"--load", f}), "hi\n"), {"default.snap", "another model"});
+}
+
+TEST(CliTiny, ChatTurnThatDoesNotFitIsNotApplied) {
+  TempDir dir;
+  const std::string f = dir.file("conv.snap");
+  const std::string long_line(90, 'x');
+  // Refused at the prefill: the conversation goes on as if the turn had not been sent.
+  const ProcResult a = run_geist(chat_args({"--temp", "0", "-c", "64"}), "hello\n" + long_line + "\nhi\n");
+  const ProcResult b = run_geist(chat_args({"--temp", "0", "-c", "64"}), "hello\nhi\n");
+  SCOPED_TRACE(describe(a));
+  EXPECT_EQ(a.code, 0);
+  EXPECT_EQ(count(a.err, "context full"), 1u);
+  EXPECT_NE(a.err.find("not applied"), std::string::npos);
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_NE(b.err.find("chat: 2 turns"), std::string::npos) << b.err;
+  // The context fills during the reply: the reply was shown, the turn is undone, so the
+  // same turn again gives the same (cut) reply; nothing was saved.
+  const ProcResult c =
+      run_geist({"chat", "-m", tiny(), "-t", "2", "--temp", "0", "-c", "30", "-n", "100", "--save", f},
+                "hello\nhello\n");
+  SCOPED_TRACE(describe(c));
+  EXPECT_EQ(c.code, 0);
+  EXPECT_EQ(count(c.err, "context full"), 2u);
+  ASSERT_EQ(c.out.size() % 2, 0u);
+  EXPECT_GT(c.out.size(), 2u);
+  EXPECT_EQ(c.out.substr(0, c.out.size() / 2), c.out.substr(c.out.size() / 2));
+  EXPECT_NE(c.err.find("chat: 0 turns | context 0 of 30"), std::string::npos);
+  EXPECT_FALSE(fs::exists(f));
+}
+
+TEST(CliTiny, PerplexityMatchesTheEngine) {
+  const std::string text = test::data_path("text/kjv_genesis.txt");
+  const ProcResult r = run_geist({"perplexity", "-m", tiny(), "-f", text, "--ctx", "64", "--chunks", "4", "-t", "2"});
+  expect_ok(r);
+  EXPECT_EQ(r.out.rfind("[1]", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find(",[4]"), std::string::npos) << r.out;
+
+  Result<std::unique_ptr<Model>> m = Model::load(tiny());
+  ASSERT_TRUE(m) << m.status().to_string();
+  SessionParams sp;
+  sp.n_ctx = 64;
+  sp.chunk = 64;
+  Result<std::unique_ptr<Session>> s = Session::create(**m, sp);
+  ASSERT_TRUE(s);
+  std::string bytes;
+  {
+    std::ifstream f(text, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  std::vector<int32_t> tokens;
+  ASSERT_TRUE((*m)->tokenizer().encode(bytes, true, false, &tokens));
+  Result<PerplexityResult> ppl = compute_perplexity(**s, tokens, 64, 4);
+  ASSERT_TRUE(ppl);
+  char want[128];
+  std::snprintf(want, sizeof want, "\nFinal estimate: PPL = %.4f +/- %.5f\n", ppl->ppl, ppl->ppl_stderr);
+  EXPECT_NE(r.out.find(want), std::string::npos) << "want" << want << "got " << r.out;
 }
 
 }  // namespace

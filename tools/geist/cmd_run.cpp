@@ -1,35 +1,86 @@
-// geist run: generate text from a prompt, streaming it as it decodes.
+// geist run: generate text from a prompt, streaming it as it decodes. Runs on the public
+// API (geist/geist.hpp).
+//
+// --prompt-cache FILE keeps the session state after the prompt in FILE (a session
+// snapshot). A later run reuses the longest part of it that its own prompt starts with:
+// all of it (no prefill at all: the logits are in the snapshot), the cached tokens
+// followed by more prompt, or the cache's pinned prefix followed by more prompt. The
+// output is the same as without the cache (batch invariance), for any seed.
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
-#include "base/timer.h"
+#include "api_common.h"
 #include "commands.h"
-#include "engine/sampler.h"
-#include "engine/session.h"
 
 namespace geist::cli {
 namespace {
 
 struct RunOptions {
-  std::string model, prompt, prompt_file, system;
+  GenOptions g;
+  std::string prompt, prompt_file, system, prompt_cache;
   int n_predict = 128;
-  int threads = 0;
-  int64_t n_ctx = 0;
-  int batch = 256;
   bool chat = false, ignore_eos = false;
-  SamplerParams sp;
 };
 
-// Gemma 3 chat turns (model-spec.md 7.8): system text folds into the first user turn.
-// Markers are parsed as special tokens; the user's text never is.
-Status chat_tokens(const Tokenizer &tok, const std::string &system, const std::string &user,
-                   std::vector<int32_t> *out) {
-  out->push_back(tok.bos());
-  GEIST_RETURN_IF_ERROR(tok.encode("<start_of_turn>user\n", false, true, out));
-  if (!system.empty()) GEIST_RETURN_IF_ERROR(tok.encode(system + "\n\n", false, false, out));
-  GEIST_RETURN_IF_ERROR(tok.encode(user, false, false, out));
-  return tok.encode("<end_of_turn>\n<start_of_turn>model\n", false, true, out);
+bool starts_with(const std::vector<geist_token> &a, const std::vector<geist_token> &prefix, size_t n) {
+  return n <= a.size() && n <= prefix.size() && std::equal(prefix.begin(), prefix.begin() + n, a.begin());
+}
+
+// Brings s to the state after `prompt`, reusing the cache file where it matches; saves
+// the state after the prompt to the file unless the file already held exactly it.
+// Returns false after printing an error.
+bool eval_with_cache(api::Session &s, const std::vector<geist_token> &prompt, const RunOptions &o) {
+  const std::string &path = o.prompt_cache;
+  size_t reused = 0;
+  bool loaded = false;
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec)) {
+    if (api::Error e = s.load_file(path)) {
+      std::fprintf(stderr, "geist: warning: prompt cache not used: %s\n", e.message.c_str());
+    } else {
+      loaded = true;
+    }
+  }
+  if (loaded) {
+    const std::vector<geist_token> cached = s.tokens();
+    const size_t n_pinned = s.n_pinned();
+    api::Error e;
+    if (cached == prompt) {
+      reused = prompt.size();
+    } else if (cached.size() < prompt.size() && starts_with(prompt, cached, cached.size())) {
+      reused = cached.size();
+    } else if (n_pinned > 0 && n_pinned <= prompt.size() && starts_with(prompt, cached, n_pinned)) {
+      e = s.reset();
+      reused = n_pinned;
+    } else {
+      e = s.clear();
+    }
+    // The snapshot carries the RNG of the run that made it: reseed from this run's seed,
+    // as a fresh session would be (prefill does not draw from the RNG).
+    if (!e) e = s.set_sampling(o.g.sampling);
+    if (!e && reused > 0 && reused < prompt.size()) e = s.prefill(prompt.data() + reused, prompt.size() - reused);
+    if (e) {
+      report(e);
+      return false;
+    }
+  }
+  if (reused == 0) {
+    // Pinned, so that a later prompt that diverges after this one still reuses it.
+    if (api::Error e = s.pin_prefix(prompt)) {
+      report(e);
+      return false;
+    }
+  }
+  std::fprintf(stderr, "prompt cache: reused %zu of %zu tokens\n", reused, prompt.size());
+  if (reused < prompt.size()) {
+    if (api::Error e = s.save_file(path)) {
+      std::fprintf(stderr, "geist: warning: prompt cache not saved: %s\n", e.message.c_str());
+    }
+  }
+  return true;
 }
 
 int run(const RunOptions &o) {
@@ -39,62 +90,66 @@ int run(const RunOptions &o) {
     std::fprintf(stderr, "geist: error: no prompt; pass -p TEXT or -f FILE\n");
     return 2;
   }
-  std::unique_ptr<Model> model = load_model_or_report(o.model);
-  if (!model) return 1;
-  const Tokenizer &tok = model->tokenizer();
+  api::Model model;
+  double load_s = 0;
+  if (!load_api_model(o.g.model, &model, &load_s)) return 1;
 
-  std::vector<int32_t> tokens;
-  Status st = o.chat ? chat_tokens(tok, o.system, prompt, &tokens) : tok.encode(prompt, true, false, &tokens);
-  if (!st) return report(st);
+  std::vector<geist_token> tokens;
+  if (o.chat) {
+    ChatFormat chat;
+    api::Error e = ChatFormat::make(model, &chat);
+    if (!e) e = chat.open(o.system, &tokens);
+    if (!e) e = chat.user_text(prompt, &tokens);
+    if (e) return report(e);
+  } else if (api::Error e = model.tokenize(prompt, true, false, &tokens)) {
+    return report(e);
+  }
   if (tokens.empty()) {
     std::fprintf(stderr, "geist: error: the prompt tokenized to nothing\n");
     return 2;
   }
 
-  SessionParams sp;
-  sp.n_ctx = o.n_ctx;
-  sp.n_threads = o.threads;
-  sp.chunk = o.batch;
-  Result<std::unique_ptr<Session>> sr = Session::create(*model, sp);
-  if (!sr) return report(sr.status());
-  Session &s = **sr;
-  if (tokens.size() > static_cast<size_t>(s.n_ctx())) {
-    std::fprintf(stderr, "geist: error: the prompt has %zu tokens but the context holds %lld (raise -c)\n",
-                 tokens.size(), (long long)s.n_ctx());
+  api::Session s;
+  if (!create_session(model, o.g, &s)) return 1;
+  if (tokens.size() > s.n_ctx()) {
+    std::fprintf(stderr, "geist: error: the prompt has %zu tokens but the context holds %zu (raise -c)\n",
+                 tokens.size(), s.n_ctx());
     return 1;
   }
+  if (!o.prompt_cache.empty()) {
+    if (!eval_with_cache(s, tokens, o)) return 1;
+  } else if (api::Error e = s.prefill(tokens)) {
+    return report(e);
+  }
 
-  Timer tp;
-  if (Status e = s.prefill(tokens.data(), tokens.size()); !e) return report(e);
-  const double prefill_s = tp.seconds();
-
-  Sampler sampler(o.sp);
-  for (int32_t t : tokens) sampler.accept(t);
-  StreamDecoder dec(tok);
-  Timer td;
-  int n_gen = 0;
-  for (; n_gen < o.n_predict; ++n_gen) {
-    const int32_t next = sampler.sample(s.logits(), s.n_vocab());
-    if (!o.ignore_eos && tok.is_eog(next)) break;
-    std::string piece = dec.push(next);
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);
-    if (s.n_tokens() + 1 > static_cast<size_t>(s.n_ctx())) {
-      std::fprintf(stderr, "\ngeist: context of %lld tokens is full; stopping\n", (long long)s.n_ctx());
-      ++n_gen;
+  TextStream text(model);
+  for (int n_gen = 0; n_gen < o.n_predict; ++n_gen) {
+    geist_token next = -1;
+    api::Error e = s.decode_step(&next);
+    const bool full = e.status == GEIST_E_CONTEXT_FULL;
+    // No room to append: the logits still give one last token (sampled, not appended).
+    if (full) e = s.sample(&next);
+    if (e) return report(e);
+    if (!o.ignore_eos && model.is_eog(next)) break;
+    emit(text.push(next));
+    if (full) {
+      std::fprintf(stderr, "\ngeist: context of %zu tokens is full; stopping\n", s.n_ctx());
       break;
     }
-    if (Status e = s.prefill(&next, 1); !e) return report(e);
   }
-  std::string rest = dec.flush();
-  std::fwrite(rest.data(), 1, rest.size(), stdout);
-  std::fputc('\n', stdout);
-  const double decode_s = td.seconds();
+  emit(text.flush());
+  emit("\n");
+
+  const geist_session_stats_t st = s.stats();
+  const uint64_t n_prefill = st.n_prefill_tokens + st.n_pinned_tokens;
+  const double prefill_s = st.prefill_seconds + st.pin_seconds;
   std::fprintf(stderr,
-               "\nload %.0f ms | prefill %zu tokens in %.0f ms (%.1f tokens/s) | decode %d tokens in %.0f ms "
+               "\nload %.0f ms | prefill %llu tokens in %.0f ms (%.1f tokens/s) | decode %llu tokens in %.0f ms "
                "(%.1f tokens/s) | %d threads\n",
-               model->load_seconds() * 1e3, tokens.size(), prefill_s * 1e3, tokens.size() / prefill_s, n_gen,
-               decode_s * 1e3, n_gen > 0 ? n_gen / decode_s : 0.0, s.n_threads());
+               load_s * 1e3, (unsigned long long)n_prefill, prefill_s * 1e3,
+               prefill_s > 0 ? double(n_prefill) / prefill_s : 0.0, (unsigned long long)st.n_decode_tokens,
+               st.decode_seconds * 1e3, st.decode_seconds > 0 ? double(st.n_decode_tokens) / st.decode_seconds : 0.0,
+               effective_threads(o.g.threads));
   return 0;
 }
 
@@ -103,23 +158,17 @@ int run(const RunOptions &o) {
 Runner add_run(CLI::App &app) {
   auto o = std::make_shared<RunOptions>();
   CLI::App *sub = app.add_subcommand("run", "Generate text from a prompt, streaming it as it decodes");
-  add_model_option(sub, &o->model);
   sub->add_option("-p,--prompt", o->prompt, "Prompt text");
   sub->add_option("-f,--file", o->prompt_file, "Read the prompt from a file");
-  sub->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")->capture_default_str()->check(CLI::Range(0, 1 << 30));
-  sub->add_option("-t,--threads", o->threads, "Threads (0: all)")->capture_default_str()->check(CLI::Range(0, 512));
-  sub->add_option("-c,--ctx-size", o->n_ctx, "Context size in tokens (0: the model's)")->capture_default_str()->check(CLI::Range(int64_t(0), int64_t(1) << 24));
-  sub->add_option("-b,--batch-size", o->batch, "Prefill chunk size")->capture_default_str()->check(CLI::Range(1, 65536));
-  sub->add_option("--temp", o->sp.temperature, "Temperature (0: greedy)")->capture_default_str()->check(CLI::Range(0.0f, 100.0f));
-  sub->add_option("--top-k", o->sp.top_k, "Top-k (0: off)")->capture_default_str();
-  sub->add_option("--top-p", o->sp.top_p, "Top-p (1: off)")->capture_default_str()->check(CLI::Range(0.0f, 1.0f));
-  sub->add_option("--min-p", o->sp.min_p, "Min-p (0: off)")->capture_default_str()->check(CLI::Range(0.0f, 1.0f));
-  sub->add_option("--repeat-penalty", o->sp.repeat_penalty, "Repetition penalty (1: off)")->capture_default_str()->check(CLI::PositiveNumber);
-  sub->add_option("--repeat-last-n", o->sp.repeat_last_n, "Tokens the penalty looks back (0: off, -1: all)")->capture_default_str();
-  sub->add_option("-s,--seed", o->sp.seed, "Sampling seed")->capture_default_str();
+  sub->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 30));
+  add_gen_options(sub, &o->g);
   sub->add_flag("--chat", o->chat, "Wrap the prompt in the model's chat turns");
   sub->add_option("--system", o->system, "System text for --chat");
   sub->add_flag("--ignore-eos", o->ignore_eos, "Keep generating past end-of-generation tokens");
+  sub->add_option("--prompt-cache", o->prompt_cache,
+                  "Session snapshot file: reuse the prompt's state saved there by an earlier run, and save it");
   return [o] { return run(*o); };
 }
 

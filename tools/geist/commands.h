@@ -16,6 +16,7 @@ namespace geist::cli {
 using Runner = std::function<int()>;
 
 Runner add_run(CLI::App &app);
+Runner add_chat(CLI::App &app);
 Runner add_perplexity(CLI::App &app);
 Runner add_inspect(CLI::App &app);
 
