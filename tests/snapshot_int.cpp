@@ -631,30 +631,32 @@ TEST_F(SnapshotInt, Files) {
   // Unwritable destinations (we may run as root, so not by permission bits): under a
   // missing directory, under a regular file, and onto a directory (the rename fails).
   // None leaves a file behind.
+  const auto tmp_of = [](const std::string &p) { return p + ".tmp." + std::to_string(getpid()); };
   const std::string under_missing = dir + "/no/such/dir/s.geistsnap";
   EXPECT_EQ(a->save_file(under_missing).code(), GEIST_E_IO);
   EXPECT_FALSE(exists(under_missing));
-  EXPECT_FALSE(exists(under_missing + ".tmp"));
+  EXPECT_FALSE(exists(tmp_of(under_missing)));
   const std::string under_file = path + "/s.geistsnap";
   EXPECT_EQ(a->save_file(under_file).code(), GEIST_E_IO);
-  EXPECT_FALSE(exists(under_file + ".tmp"));
+  EXPECT_FALSE(exists(tmp_of(under_file)));
   const std::string onto_dir = dir + "/adir";
   ASSERT_EQ(mkdir(onto_dir.c_str(), 0700), 0);
   st = a->save_file(onto_dir);
   EXPECT_EQ(st.code(), GEIST_E_IO) << st.to_string();
-  EXPECT_FALSE(exists(onto_dir + ".tmp")) << "a partial file was left behind";
+  EXPECT_FALSE(exists(tmp_of(onto_dir))) << "a partial file was left behind";
   if (access("/dev/full", W_OK) == 0) {
-    // A write error (ENOSPC) through a link to /dev/full: PATH.tmp is /dev/full itself.
+    // A write error (ENOSPC) through a link to /dev/full: PATH.tmp.<pid> is /dev/full itself.
     const std::string full = dir + "/full";
-    ASSERT_EQ(symlink("/dev/full", (full + ".tmp").c_str()), 0);
+    ASSERT_EQ(symlink("/dev/full", tmp_of(full).c_str()), 0);
     st = a->save_file(full);
     EXPECT_EQ(st.code(), GEIST_E_IO) << st.to_string();
     EXPECT_FALSE(exists(full)) << "a failed write left a file under PATH";
   }
 
-  for (const char *f : {"/s.geistsnap", "/half.geistsnap", "/empty.geistsnap", "/full", "/full.tmp"}) {
+  for (const char *f : {"/s.geistsnap", "/half.geistsnap", "/empty.geistsnap", "/full"}) {
     std::remove((dir + f).c_str());
   }
+  std::remove(tmp_of(dir + "/full").c_str());
   rmdir(onto_dir.c_str());
   rmdir(dir.c_str());
 }

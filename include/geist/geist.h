@@ -18,8 +18,10 @@
  *   own threads, sharing one copy of the weights. A session keeps its model alive:
  *   geist_model_free() on a model with live sessions releases it when the last session
  *   is freed.
- * - Params structs: start from geist_*_params_default() and change fields; fields are
- *   only ever appended, so code built against an older header keeps working.
+ * - Params structs: start from geist_*_params_default() and change fields. The structs'
+ *   layout is part of the ABI: while the version is 0.x it may change between releases
+ *   (fields are appended), and the library's SONAME (libgeist.so.0.x) changes with it, so
+ *   build against the header of the library you load.
  * - Token ids are int32 (geist_token); text is UTF-8 bytes with an explicit length.
  */
 #ifndef GEIST_GEIST_H
@@ -92,8 +94,10 @@ GEIST_API geist_status geist_model_load(const char *path, const geist_model_para
 
 /* As geist_model_load over a caller-owned buffer holding a whole GGUF file. No copy of
  * the weights is made: the caller keeps data alive and unchanged until the model and all
- * its sessions are freed. Tensor data must be aligned as in the file (a buffer from
- * malloc or mmap is). Same statuses (size 0 / data NULL: GEIST_E_INVALID_ARGUMENT). */
+ * its sessions are freed. The buffer must be
+ * at least 4-byte aligned (malloc and mmap give more); a misaligned buffer is refused with
+ * GEIST_E_BAD_FORMAT naming the tensor. Same statuses (size 0 / data NULL:
+ * GEIST_E_INVALID_ARGUMENT). */
 GEIST_API geist_status geist_model_load_from_memory(const void *data, size_t size, const geist_model_params *p,
                                                     geist_model **out);
 
@@ -113,6 +117,8 @@ typedef struct geist_model_info {
   geist_token bos;       /* -1 if the vocabulary has none */
   geist_token eos;       /* -1 if none */
   geist_token eot;       /* end-of-turn token, -1 if none */
+  int32_t add_bos;       /* 1 if geist_tokenize(add_bos=1) prepends BOS for this vocabulary */
+  double load_seconds;   /* time geist_model_load took */
 } geist_model_info;
 
 /* GEIST_E_INVALID_ARGUMENT if m or out is NULL. */
@@ -149,8 +155,8 @@ GEIST_API int geist_token_is_eog(const geist_model *m, geist_token t);
 typedef struct geist_sampling_params {
   float temperature;      /* <= 0: greedy (argmax, ties to the lowest id). Default 0.8 */
   int32_t top_k;          /* <= 0: off. Default 40 */
-  float top_p;            /* >= 1: off. Default 0.95 */
-  float min_p;            /* <= 0: off. Default 0.05 */
+  float top_p;            /* in [0, 1]; 1: off. Default 0.95 */
+  float min_p;            /* in [0, 1]; 0: off. Default 0.05 */
   float repeat_penalty;   /* 1: off, must be > 0. Default 1 */
   int32_t repeat_last_n;  /* tokens the penalty looks back; 0 off, -1 all. Default 64 */
   uint64_t seed;          /* RNG seed. Default 0xC0FFEE */
@@ -201,8 +207,9 @@ GEIST_API geist_status geist_session_pin_prefix(geist_session *s, const geist_to
 /* Drop the pin (n_pinned becomes 0); the tokens stay. GEIST_E_INVALID_ARGUMENT if s NULL. */
 GEIST_API geist_status geist_session_unpin(geist_session *s);
 
-/* Back to the pinned state exactly (tokens, logits, sampler, sliding rows), or to empty
- * if nothing is pinned. Decode may follow directly. Cost: O(1) plus copying back the
+/* Back to the pinned state exactly (tokens, logits, sampler RNG and history, sliding
+ * rows), or to empty if nothing is pinned. The sampling params stay the current ones
+ * (call geist_session_set_sampling after a reset for a per-request seed). Decode may follow directly. Cost: O(1) plus copying back the
  * checkpoint rows that later tokens overwrote (none if the request after the pin was at
  * most `chunk` tokens long). GEIST_E_INVALID_ARGUMENT if s NULL. */
 GEIST_API geist_status geist_session_reset(geist_session *s);
@@ -224,6 +231,9 @@ GEIST_API geist_status geist_session_decode_step(geist_session *s, geist_token *
 GEIST_API geist_status geist_session_sample(geist_session *s, geist_token *out);
 
 /* Replace the sampling params (the RNG is reseeded from p->seed; history kept).
+ * The repetition history holds the last repeat_last_n tokens that were prefilled,
+ * decoded or sampled; it is trimmed to the current repeat_last_n, so a session restored
+ * from a snapshot made with a smaller window has a shorter history than a fresh prefill.
  * GEIST_E_INVALID_ARGUMENT for NULL or out-of-range values. */
 GEIST_API geist_status geist_session_set_sampling(geist_session *s, const geist_sampling_params *p);
 
@@ -236,9 +246,12 @@ GEIST_API size_t geist_session_n_tokens(const geist_session *s); /* 0 for NULL *
 GEIST_API size_t geist_session_n_pinned(const geist_session *s); /* 0 for NULL or no pin */
 GEIST_API size_t geist_session_n_ctx(const geist_session *s);    /* 0 for NULL */
 GEIST_API size_t geist_session_n_vocab(const geist_session *s);  /* logits per position; 0 for NULL */
+GEIST_API int32_t geist_session_n_threads(const geist_session *s); /* threads in use (0 resolved); 0 for NULL */
+GEIST_API int32_t geist_session_chunk(const geist_session *s);     /* chunk in use (clamped to n_ctx); 0 for NULL */
 
-/* The session's tokens: copies min(cap, n_tokens) ids, *n_out = n_tokens.
- * GEIST_E_BUFFER_TOO_SMALL if cap < n_tokens (nothing copied). */
+/* The session's tokens: copies n_tokens ids to out, *n_out = n_tokens.
+ * GEIST_E_BUFFER_TOO_SMALL if cap < n_tokens (nothing copied; *n_out is set).
+ * GEIST_E_INVALID_ARGUMENT for s or n_out NULL, or out NULL with cap > 0. */
 GEIST_API geist_status geist_session_tokens(const geist_session *s, geist_token *out, size_t cap, size_t *n_out);
 
 /* Snapshots: a versioned, checksummed image of the whole session state: model
@@ -265,8 +278,9 @@ GEIST_API geist_status geist_session_snapshot(const geist_session *s, void *buf,
  * GEIST_E_OUT_OF_MEMORY */
 GEIST_API geist_status geist_session_restore(geist_session *s, const void *buf, size_t size);
 
-/* Snapshot to / restore from a file (written to PATH.tmp, then renamed, so a crash never
- * leaves a half file under PATH). Statuses of snapshot/restore, plus GEIST_E_IO. */
+/* Snapshot to / restore from a file. save_file writes PATH.tmp.<pid>, fsyncs it and
+ * renames it over PATH, so neither a crash nor a concurrent saver leaves a half file under
+ * PATH. Statuses of snapshot/restore, plus GEIST_E_IO. */
 GEIST_API geist_status geist_session_save_file(const geist_session *s, const char *path);
 GEIST_API geist_status geist_session_load_file(geist_session *s, const char *path);
 

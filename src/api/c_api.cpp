@@ -155,6 +155,8 @@ geist_status geist_model_get_info(const geist_model *m, geist_model_info *out) {
     out->bos = model.tokenizer().bos();
     out->eos = model.tokenizer().eos();
     out->eot = model.tokenizer().vocab().eot;
+    out->add_bos = model.tokenizer().vocab().add_bos && model.tokenizer().bos() >= 0 ? 1 : 0;
+    out->load_seconds = model.load_seconds();
     return GEIST_OK;
   });
 }
@@ -356,11 +358,14 @@ size_t geist_session_n_tokens(const geist_session *s) { return s ? s->session->n
 size_t geist_session_n_pinned(const geist_session *s) { return s ? s->session->n_pinned() : 0; }
 size_t geist_session_n_ctx(const geist_session *s) { return s ? static_cast<size_t>(s->session->n_ctx()) : 0; }
 size_t geist_session_n_vocab(const geist_session *s) { return s ? static_cast<size_t>(s->session->n_vocab()) : 0; }
+int32_t geist_session_n_threads(const geist_session *s) { return s ? s->session->n_threads() : 0; }
+int32_t geist_session_chunk(const geist_session *s) { return s ? s->session->chunk() : 0; }
 
 geist_status geist_session_tokens(const geist_session *s, geist_token *out, size_t cap, size_t *n_out) {
   if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
   auto *ms = const_cast<geist_session *>(s);  // error message only
   GEIST_NULL_CHECK(n_out, ms);
+  if (out == nullptr && cap > 0) return fail(GEIST_E_INVALID_ARGUMENT, "out is NULL but cap > 0", ms);
   const std::vector<int32_t> &t = s->session->tokens();
   *n_out = t.size();
   if (cap < t.size()) {
@@ -387,6 +392,7 @@ geist_status geist_session_snapshot(const geist_session *s, void *buf, size_t ca
   auto *ms = const_cast<geist_session *>(s);
   return guarded(ms, [&] {
     GEIST_NULL_CHECK(written, ms);
+    if (buf == nullptr && cap > 0) return fail(GEIST_E_INVALID_ARGUMENT, "buf is NULL but cap > 0", ms);
     return report(s->session->snapshot(buf, cap, written), ms);
   });
 }

@@ -15,6 +15,7 @@
 //            if n_pinned = P > 0 and not flags & kCheckpointLive (then n_tokens == P and
 //            the checkpoint is the kv section's rows)
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -337,10 +338,11 @@ Status Session::save_file(const std::string &path) const {
   std::vector<uint8_t> img(snapshot_size());
   size_t written = 0;
   GEIST_RETURN_IF_ERROR(snapshot(img.data(), img.size(), &written));
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = path + ".tmp." + std::to_string(getpid());
   FILE *f = std::fopen(tmp.c_str(), "wb");
   if (!f) return GEIST_ERROR(GEIST_E_IO, "cannot create '%s': %s", tmp.c_str(), std::strerror(errno));
-  const bool ok = std::fwrite(img.data(), 1, written, f) == written;
+  bool ok = std::fwrite(img.data(), 1, written, f) == written;
+  ok = ok && std::fflush(f) == 0 && fsync(fileno(f)) == 0;  // the bytes are on disk before the rename
   const int err = errno;
   if (std::fclose(f) != 0 || !ok) {
     std::remove(tmp.c_str());

@@ -11,7 +11,13 @@ namespace geist::quant {
 namespace {
 
 // Round half to even, as ggml's nearest_int and _mm256_round_ps(_MM_ROUND_NEAREST) do.
-inline int round_even(float v) { return static_cast<int>(std::nearbyint(v)); }
+// NaN gives 0 and the result is clamped to int8's range, so non-finite activations (from a
+// corrupt restored KV row, say) give garbage but never undefined behaviour; finite inputs
+// of the quantizers below are already within [-127, 127].
+inline int round_even(float v) {
+  if (!(v == v)) return 0;
+  return static_cast<int>(std::nearbyint(std::fmin(std::fmax(v, -128.0f), 127.0f)));
+}
 
 void quantize_q8_0(const float *x, int64_t k, QuantizedRow *row) {
   for (int64_t b = 0; b < k / 32; ++b) {
