@@ -206,6 +206,15 @@ TEST(SvgPlot, EscapesTitleAndNames) {
   EXPECT_NE(rows.find("rows &lt;&amp;&gt;"), std::string::npos);
 }
 
+TEST(SvgPlot, LongNamesAreCut) {
+  const std::string name(60, 'm');
+  const std::string svg = svg_latency_plot("t", {{name, {1}}, {"\xC3\xA9" + std::string(33, 'e'), {2}}});
+  expect_sane(svg);
+  EXPECT_NE(svg.find(">" + name.substr(0, 33) + "\xE2\x80\xA6</text>"), std::string::npos);
+  // 34 characters (the first one two bytes long) fit as they are.
+  EXPECT_NE(svg.find(">\xC3\xA9" + std::string(33, 'e') + "</text>"), std::string::npos);
+}
+
 TEST(SvgPlot, LatencyDegenerateInputs) {
   const std::string none = svg_latency_plot("", {});
   expect_sane(none);

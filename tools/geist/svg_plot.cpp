@@ -248,11 +248,23 @@ std::string line(double x1, double y1, double x2, double y2, const char *color, 
          "\" y2=\"" + coord(y2) + fmt("\" stroke=\"%s\" stroke-width=\"%g\"%s/>\n", color, width, extra);
 }
 
-// Width in pixels of a label at font size 12 (an estimate: no font metrics here).
-double text_width_12(const std::string &s) {
+constexpr size_t kMaxNameChars = 34;  // longer series names are cut, with an ellipsis
+
+// s cut to at most max characters (UTF-8 lead bytes), "..." marking a cut.
+std::string clip_name(const std::string &s, size_t max) {
+  size_t chars = 0, cut = s.size();
+  for (size_t i = 0; i < s.size(); ++i) {
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) continue;
+    if (chars++ == max - 1) cut = i;
+  }
+  return chars <= max ? s : s.substr(0, cut) + "\xE2\x80\xA6";
+}
+
+// Width in pixels of a series name (bold, font size 13): an estimate, no font metrics.
+double name_width(const std::string &s) {
   size_t chars = 0;
   for (unsigned char c : s) chars += (c & 0xC0) != 0x80;  // count UTF-8 lead bytes
-  return 7.0 * static_cast<double>(chars);
+  return 8.6 * static_cast<double>(chars);
 }
 
 }  // namespace
@@ -263,8 +275,9 @@ std::string svg_latency_plot(const std::string &title, const std::vector<PlotSer
   constexpr int kWidth = 980, kTop = 50, kRow = 58, kRight = 210, kBottom = 78;
   const size_t n_rows = std::max<size_t>(series.size(), 1);
   double name_w = 0;
-  for (const PlotSeries &s : series) name_w = std::max(name_w, text_width_12(s.name));
-  const double left = std::clamp(name_w + 24, 90.0, 300.0);
+  for (const PlotSeries &s : series)
+    name_w = std::max(name_w, name_width(clip_name(s.name, kMaxNameChars)));
+  const double left = std::clamp(name_w + 20, 90.0, 320.0);
   const double plot_w = kWidth - left - kRight;
   const int height = kTop + static_cast<int>(n_rows) * kRow + kBottom;
   const double plot_bottom = kTop + static_cast<double>(n_rows) * kRow;
@@ -304,7 +317,8 @@ std::string svg_latency_plot(const std::string &title, const std::vector<PlotSer
     const std::vector<double> &v = sorted[i];
     const char *color = kPalette[i % kPaletteSize];
     const double yc = kTop + (static_cast<double>(i) + 0.5) * kRow;
-    s += text(left - 10, yc - 2, 13, "end", "#222222", series[i].name, " font-weight=\"bold\"");
+    s += text(left - 10, yc - 2, 13, "end", "#222222", clip_name(series[i].name, kMaxNameChars),
+              " font-weight=\"bold\"");
     const size_t skipped = series[i].values_ms.size() - v.size();
     s += text(left - 10, yc + 13, 10, "end", "#666666",
               fmt("n=%zu", v.size()) + (skipped ? fmt(" (%zu skipped)", skipped) : ""));
