@@ -20,14 +20,19 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 bool is_name_char(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == ':' || c == '.';
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == ':' ||
+         c == '.';
 }
 
 // "" if s is valid UTF-8, else the offset of the first bad byte.
 std::string utf8_error(const std::string &s) {
   const auto *p = reinterpret_cast<const unsigned char *>(s.data());
   for (size_t i = 0; i < s.size();) {
-    size_t len = p[i] < 0x80 ? 1 : (p[i] >> 5) == 6 ? 2 : (p[i] >> 4) == 14 ? 3 : (p[i] >> 3) == 30 ? 4 : 0;
+    size_t len = p[i] < 0x80         ? 1
+                 : (p[i] >> 5) == 6  ? 2
+                 : (p[i] >> 4) == 14 ? 3
+                 : (p[i] >> 3) == 30 ? 4
+                                     : 0;
     if (len == 0 || i + len > s.size()) return "bad UTF-8 at " + std::to_string(i);
     for (size_t k = 1; k < len; ++k)
       if ((p[i + k] & 0xC0) != 0x80) return "bad UTF-8 at " + std::to_string(i);
@@ -44,7 +49,8 @@ std::string check_chars(const std::string &s, size_t begin, size_t end, bool att
     const unsigned char c = static_cast<unsigned char>(s[i]);
     if (c == '<') return "raw '<' at " + std::to_string(i);
     if (attr && c == '"') return "raw '\"' in attribute at " + std::to_string(i);
-    if (c < 0x20 && c != '\t' && c != '\n' && c != '\r') return "control char at " + std::to_string(i);
+    if (c < 0x20 && c != '\t' && c != '\n' && c != '\r')
+      return "control char at " + std::to_string(i);
     if (c != '&') continue;
     bool ok = false;
     for (const char *e : kEntities) ok = ok || s.compare(i, std::strlen(e), e) == 0;
@@ -109,7 +115,8 @@ std::string xml_error(const std::string &s) {
       if (q == std::string::npos) return "unterminated attribute in <" + name + ">";
       if (std::string e = check_chars(s, v, q, true); !e.empty()) return e;
       j = q + 1;
-      if (j < s.size() && !std::isspace(static_cast<unsigned char>(s[j])) && s[j] != '>' && s[j] != '/')
+      if (j < s.size() && !std::isspace(static_cast<unsigned char>(s[j])) && s[j] != '>' &&
+          s[j] != '/')
         return "attributes not separated in <" + name + ">";
     }
     if (stack.empty() && ++roots > 1) return "more than one root";
@@ -131,7 +138,8 @@ size_t count(const std::string &s, const std::string &what) {
 void expect_sane(const std::string &svg) {
   EXPECT_EQ(xml_error(svg), "");
   EXPECT_EQ(svg.compare(0, 5, "<?xml"), 0);
-  EXPECT_NE(svg.find("<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\""), std::string::npos);
+  EXPECT_NE(svg.find("<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\""),
+            std::string::npos);
   std::string lower = svg;
   for (char &c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   EXPECT_EQ(lower.find("nan"), std::string::npos);
@@ -139,7 +147,8 @@ void expect_sane(const std::string &svg) {
   EXPECT_EQ(lower.find("<script"), std::string::npos);
   EXPECT_EQ(lower.find("href"), std::string::npos);
   static const std::regex kCoord(" (cx|cy|x|y|x1|x2|y1|y2|width|height)=\"([^\"]*)\"");
-  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), kCoord); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), kCoord); it != std::sregex_iterator();
+       ++it) {
     const std::string v = (*it)[2];
     char *end = nullptr;
     const double d = std::strtod(v.c_str(), &end);
@@ -184,7 +193,8 @@ TEST(SvgPlot, LatencyNiceTicks) {
   // 0..10 ms: ticks every 2 ms from 0.
   const std::string svg = svg_latency_plot("t", {{"a", {0, 2.5, 5, 7.5, 10}}});
   expect_sane(svg);
-  for (const char *t : {">0</text>", ">2</text>", ">4</text>", ">6</text>", ">8</text>", ">10</text>"})
+  for (const char *t :
+       {">0</text>", ">2</text>", ">4</text>", ">6</text>", ">8</text>", ">10</text>"})
     EXPECT_NE(svg.find(t), std::string::npos) << t;
   EXPECT_EQ(svg.find(">12</text>"), std::string::npos);
   // 0.1..0.35 ms: decimals follow the step.
@@ -208,7 +218,8 @@ TEST(SvgPlot, EscapesTitleAndNames) {
 
 TEST(SvgPlot, LongNamesAreCut) {
   const std::string name(60, 'm');
-  const std::string svg = svg_latency_plot("t", {{name, {1}}, {"\xC3\xA9" + std::string(33, 'e'), {2}}});
+  const std::string svg =
+      svg_latency_plot("t", {{name, {1}}, {"\xC3\xA9" + std::string(33, 'e'), {2}}});
   expect_sane(svg);
   EXPECT_NE(svg.find(">" + name.substr(0, 33) + "\xE2\x80\xA6</text>"), std::string::npos);
   // 34 characters (the first one two bytes long) fit as they are.
@@ -234,7 +245,8 @@ TEST(SvgPlot, LatencyDegenerateInputs) {
            {-1e308, 1e308, 0},
            {std::numeric_limits<double>::max(), std::numeric_limits<double>::lowest()},
            {1e-300, 1e300},
-           {std::numeric_limits<double>::denorm_min(), 2 * std::numeric_limits<double>::denorm_min()},
+           {std::numeric_limits<double>::denorm_min(),
+            2 * std::numeric_limits<double>::denorm_min()},
            {1e-3, 1, 1e3, 1e6},
            {1e15, 1e15 + 1}}) {
     const std::string svg = svg_latency_plot("d", {{"a", v}, {"b", {kNaN}}});
@@ -299,8 +311,8 @@ TEST(SvgPlot, RowsDegenerateInputs) {
   EXPECT_EQ(count(one, "<circle"), 1u);
   EXPECT_EQ(count(one, "<polyline"), 0u);
 
-  const std::string huge = svg_rows_plot("huge", {1, 2, 3, 1 << 30},
-                                         {1e-300, 1e300, std::numeric_limits<double>::max(), 0}, {});
+  const std::string huge = svg_rows_plot(
+      "huge", {1, 2, 3, 1 << 30}, {1e-300, 1e300, std::numeric_limits<double>::max(), 0}, {});
   expect_sane(huge);
   EXPECT_EQ(count(huge, "<circle"), 4u);
   EXPECT_EQ(count(huge, "class=\"flag\""), 0u);

@@ -33,7 +33,9 @@ std::string fmt(const char *f, Args... args) {
 
 // A coordinate in user units. Inputs are finite by construction; a non-finite one would
 // make the file invalid, so it prints as 0 instead of "nan".
-std::string coord(double v) { return std::isfinite(v) ? fmt("%.2f", v) : std::string("0"); }
+std::string coord(double v) {
+  return std::isfinite(v) ? fmt("%.2f", v) : std::string("0");
+}
 
 // Text for XML character data and attribute values: the five markup characters as
 // entities, C0 controls (not allowed in XML 1.0) and ill-formed UTF-8 as U+FFFD.
@@ -46,24 +48,28 @@ std::string xml_escape(const std::string &s) {
   for (size_t i = 0; i < n;) {
     const unsigned char c = p[i];
     if (c < 0x80) {
-      switch (c) {
-        case '&': out += "&amp;"; break;
-        case '<': out += "&lt;"; break;
-        case '>': out += "&gt;"; break;
-        case '"': out += "&quot;"; break;
-        case '\'': out += "&apos;"; break;
-        case '\t': case '\n': case '\r': out += ' '; break;
-        default:
-          if (c < 0x20 || c == 0x7F) out += kReplacement;
-          else out += static_cast<char>(c);
-      }
+      const char *entity = c == '&'    ? "&amp;"
+                           : c == '<'  ? "&lt;"
+                           : c == '>'  ? "&gt;"
+                           : c == '"'  ? "&quot;"
+                           : c == '\'' ? "&apos;"
+                                       : nullptr;
+      if (entity)
+        out += entity;
+      else if (c == '\t' || c == '\n' || c == '\r')
+        out += ' ';  // one line of text
+      else if (c < 0x20 || c == 0x7F)
+        out += kReplacement;
+      else
+        out += static_cast<char>(c);
       ++i;
       continue;
     }
     // Length and the allowed range of the second byte (rejects overlongs and surrogates).
     size_t len = 0;
     unsigned char lo2 = 0x80, hi2 = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    if (c >= 0xC2 && c <= 0xDF)
+      len = 2;
     else if (c >= 0xE0 && c <= 0xEF) {
       len = 3;
       if (c == 0xE0) lo2 = 0xA0;
@@ -144,8 +150,8 @@ double nice_step(double x) {
 struct Axis {
   double lo = 0, hi = 1;
   bool log = false;
-  double step = 1;             // linear tick step (log axes: unused)
-  std::vector<double> ticks;   // values, ascending, inside [lo, hi]
+  double step = 1;            // linear tick step (log axes: unused)
+  std::vector<double> ticks;  // values, ascending, inside [lo, hi]
 
   double frac(double v) const {
     double f;
@@ -221,15 +227,17 @@ Axis make_axis(double mn, double mx, bool include_zero, bool extend, bool allow_
 std::string svg_open(int w, int h, const std::string &title) {
   std::string s;
   s += "<?xml version=\"1.0\" encoding=\"UTF-8\" standalone=\"no\"?>\n";
-  s += fmt("<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" height=\"%d\" "
-           "viewBox=\"0 0 %d %d\">\n",
-           w, h, w, h);
+  s +=
+      fmt("<svg xmlns=\"http://www.w3.org/2000/svg\" version=\"1.1\" width=\"%d\" height=\"%d\" "
+          "viewBox=\"0 0 %d %d\">\n",
+          w, h, w, h);
   const std::string t = xml_escape(title);
   s += "<title>" + t + "</title>\n";
   s += fmt("<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", w, h);
-  s += fmt("<text x=\"%d\" y=\"28\" %s font-size=\"17\" font-weight=\"bold\" text-anchor=\"middle\" "
-           "fill=\"#222222\">",
-           w / 2, kFont);
+  s +=
+      fmt("<text x=\"%d\" y=\"28\" %s font-size=\"17\" font-weight=\"bold\" text-anchor=\"middle\" "
+          "fill=\"#222222\">",
+          w / 2, kFont);
   s += t + "</text>\n";
   return s;
 }
@@ -244,8 +252,8 @@ std::string text(double x, double y, int size, const char *anchor, const char *c
 
 std::string line(double x1, double y1, double x2, double y2, const char *color, double width,
                  const char *extra = "") {
-  return "<line x1=\"" + coord(x1) + "\" y1=\"" + coord(y1) + "\" x2=\"" + coord(x2) +
-         "\" y2=\"" + coord(y2) + fmt("\" stroke=\"%s\" stroke-width=\"%g\"%s/>\n", color, width, extra);
+  return "<line x1=\"" + coord(x1) + "\" y1=\"" + coord(y1) + "\" x2=\"" + coord(x2) + "\" y2=\"" +
+         coord(y2) + fmt("\" stroke=\"%s\" stroke-width=\"%g\"%s/>\n", color, width, extra);
 }
 
 constexpr size_t kMaxNameChars = 34;  // longer series names are cut, with an ellipsis
@@ -337,7 +345,8 @@ std::string svg_latency_plot(const std::string &title, const std::vector<PlotSer
     s += line(X(p95), yc - 7, X(p95), yc + 7, color, 1.5);
     s += "<rect x=\"" + coord(X(p25)) + "\" y=\"" + coord(yc - kBoxH / 2) + "\" width=\"" +
          coord(std::max(X(p75) - X(p25), 1.0)) + "\" height=\"" + coord(kBoxH) +
-         fmt("\" fill=\"%s\" fill-opacity=\"0.22\" stroke=\"%s\" stroke-width=\"1.2\"/>\n", color, color);
+         fmt("\" fill=\"%s\" fill-opacity=\"0.22\" stroke=\"%s\" stroke-width=\"1.2\"/>\n", color,
+             color);
     s += line(X(p50), yc - kBoxH / 2 - 3, X(p50), yc + kBoxH / 2 + 3, "#111111", 2.5);
     // Every sample, in its input order, with a deterministic vertical jitter (golden ratio
     // sequence) so that equal values stay distinguishable.
@@ -379,7 +388,8 @@ std::string svg_rows_plot(const std::string &title, const std::vector<int> &n,
   for (size_t i = 0; i < count; ++i)
     if (std::isfinite(ms_per_row[i]))
       pts.push_back({n[i], ms_per_row[i], i < flagged.size() && flagged[i]});
-  std::stable_sort(pts.begin(), pts.end(), [](const Point &a, const Point &b) { return a.n < b.n; });
+  std::stable_sort(pts.begin(), pts.end(),
+                   [](const Point &a, const Point &b) { return a.n < b.n; });
 
   Axis ax = make_axis(0, 1, false, true, false), ay = make_axis(0, 1, true, true, false);
   if (!pts.empty()) {
@@ -396,8 +406,9 @@ std::string svg_rows_plot(const std::string &title, const std::vector<int> &n,
   constexpr double kBottomY = kTop + kPlotH;
 
   std::string s = svg_open(kWidth, kHeight, title);
-  s += fmt("<rect x=\"%d\" y=\"%d\" width=\"%g\" height=\"%g\" fill=\"#f8f9fb\" stroke=\"#444444\"/>\n",
-           kLeft, kTop, kPlotW, kPlotH);
+  s += fmt(
+      "<rect x=\"%d\" y=\"%d\" width=\"%g\" height=\"%g\" fill=\"#f8f9fb\" stroke=\"#444444\"/>\n",
+      kLeft, kTop, kPlotW, kPlotH);
   for (double t : ax.ticks) {
     const double x = X(t);
     s += line(x, kTop, x, kBottomY, "#e2e2e2", 1);
