@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -146,17 +145,22 @@ void expect_sane(const std::string &svg) {
   EXPECT_EQ(lower.find("inf"), std::string::npos);
   EXPECT_EQ(lower.find("<script"), std::string::npos);
   EXPECT_EQ(lower.find("href"), std::string::npos);
-  static const std::regex kCoord(" (cx|cy|x|y|x1|x2|y1|y2|width|height)=\"([^\"]*)\"");
-  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), kCoord); it != std::sregex_iterator();
-       ++it) {
-    const std::string v = (*it)[2];
-    char *end = nullptr;
-    const double d = std::strtod(v.c_str(), &end);
-    ASSERT_TRUE(end && *end == '\0') << (*it)[1] << "=\"" << v << "\"";
-    EXPECT_TRUE(std::isfinite(d));
-    EXPECT_GE(d, 0) << (*it)[1];
-    EXPECT_LE(d, 2000) << (*it)[1];
+  // Every numeric attribute: ' NAME="VALUE"' for the geometric attribute names.
+  for (const char *name : {"cx", "cy", "x", "y", "x1", "x2", "y1", "y2", "width", "height"}) {
+    const std::string key = std::string(" ") + name + "=\"";
+    for (size_t at = svg.find(key); at != std::string::npos; at = svg.find(key, at + 1)) {
+      const size_t v = at + key.size(), q = svg.find('"', v);
+      ASSERT_NE(q, std::string::npos);
+      const std::string value = svg.substr(v, q - v);
+      char *end = nullptr;
+      const double d = std::strtod(value.c_str(), &end);
+      ASSERT_TRUE(end && *end == '\0') << name << "=\"" << value << "\"";
+      EXPECT_TRUE(std::isfinite(d));
+      EXPECT_GE(d, 0) << name;
+      EXPECT_LE(d, 2000) << name;
+    }
   }
+}
 }
 
 TEST(SvgPlot, XmlCheckerRejectsBrokenDocuments) {
