@@ -161,7 +161,6 @@ void expect_sane(const std::string &svg) {
     }
   }
 }
-}
 
 TEST(SvgPlot, XmlCheckerRejectsBrokenDocuments) {
   EXPECT_EQ(xml_error("<svg><g></g></svg>"), "");
