@@ -18,11 +18,12 @@ int main(int argc, char **argv) {
   reg(geist::cli::add_chat);
   reg(geist::cli::add_perplexity);
   reg(geist::cli::add_inspect);
+  reg(geist::cli::add_bench);
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     for (CLI::App *sub : app.get_subcommands({})) known = known || sub->get_name() == argv[1];
     if (!known) {
-      std::fprintf(stderr, "geist: error: unknown command '%s' (commands: run, chat, perplexity, inspect)\n", argv[1]);
+      std::fprintf(stderr, "geist: error: unknown command '%s' (commands: run, chat, perplexity, inspect, bench)\n", argv[1]);
       return 2;
     }
   }
