@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -323,6 +324,11 @@ bool call(const Child &c, Cmd cmd, Msg *reply) {
   return true;
 }
 
+bool malformed(const Child &c) {
+  std::fprintf(stderr, "geist: error: the %s worker sent a malformed reply\n", kModeNames[c.mode]);
+  return false;
+}
+
 void stop_workers(std::vector<Child> &children) {
   for (Child &c : children) {
     if (c.cmd_fd >= 0) close(c.cmd_fd);
@@ -348,9 +354,9 @@ std::string ratio_s(double v, double full) {
   return std::isfinite(r) ? fmt("%.2fx", r) : "-";
 }
 
-void print_report(const bench::Environment &env, const PinnedOptions &o,
-                  const bench::PinnedParams &p, const std::vector<bench::PinnedMode> &modes,
-                  int identical, int n_compared, int64_t model_rss) {
+void print_report(const bench::Environment &env, const bench::PinnedParams &p,
+                  const std::vector<bench::PinnedMode> &modes, int identical, int n_compared,
+                  int64_t model_rss) {
   std::printf("%s", bench::environment_text(env).c_str());
   std::printf(
       "\npinned workload: %d sessions x %d requests; prompt %d tokens = prefix %d (BOS + system "
@@ -442,7 +448,6 @@ void print_report(const bench::Environment &env, const PinnedOptions &o,
         "outputs: the %d generated tokens of %d of %d requests are identical across the modes%s\n",
         p.gen_tokens, identical, n_compared, identical == n_compared ? "" : " (NOT all: a bug)");
   }
-  (void)o;
 }
 
 std::string plot(const bench::PinnedParams &p, const std::vector<bench::PinnedMode> &modes) {
@@ -492,7 +497,7 @@ bool drive(std::vector<Child> &children, const PinnedOptions &o,
                   st.request};
     if (!call(c, cmd, &r)) return false;
     if (st.kind == bench::Step::kSetup) {
-      if (r.d.size() != 4) return false;
+      if (r.d.size() != 4) return malformed(c);
       if (c.mode == kFull) {
         m.prefix_prefill_ms.push_back(r.d[0]);
       } else {
@@ -504,7 +509,7 @@ bool drive(std::vector<Child> &children, const PinnedOptions &o,
         m.snapshot_bytes = int64_t(r.d[3]);
       }
     } else {
-      if (r.d.size() != size_t(4 + o.gen)) return false;
+      if (r.d.size() != size_t(4 + o.gen)) return malformed(c);
       m.request_ms[st.session].push_back(r.d[0]);
       m.reset_ms[st.session].push_back(r.d[1]);
       m.prefill_ms[st.session].push_back(r.d[2]);
@@ -518,7 +523,8 @@ bool drive(std::vector<Child> &children, const PinnedOptions &o,
   progress.done();
   for (size_t i = 0; i < nm; ++i) {
     Msg r;
-    if (!call(children[i], Cmd{Cmd::kFinish, 0, 0}, &r) || r.d.size() != 2) return false;
+    if (!call(children[i], Cmd{Cmd::kFinish, 0, 0}, &r)) return false;
+    if (r.d.size() != 2) return malformed(children[i]);
     (*modes)[i].peak_rss = int64_t(r.d[0]);
   }
   return true;
@@ -596,7 +602,7 @@ int run(const PinnedOptions &o) {
         ++n_compared;
       }
   }
-  print_report(env, o, p, modes, identical, n_compared, model_rss);
+  print_report(env, p, modes, identical, n_compared, model_rss);
   const nlohmann::json doc = bench::pinned_json(env, p, modes,
                                                 identical < 0             ? -1
                                                 : identical == n_compared ? 1
