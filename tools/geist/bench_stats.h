@@ -139,7 +139,8 @@ struct PinnedMode {
   std::vector<double> prefix_prefill_ms;  // [session] plain prefill of the prefix (full's setup)
   int64_t snapshot_bytes = -1, checkpoint_bytes = -1;  // -1: not applicable
   int64_t peak_rss = -1;                               // VmHWM of the mode's process, bytes
-  int64_t rss_after_first = -1, rss_after_last = -1;   // VmRSS after the first / last request
+  // VmRSS once every session has run its first request / after the last request.
+  int64_t rss_after_first = -1, rss_after_last = -1;
 };
 
 // A PinnedMode's samples split as the report uses them: the first request of every

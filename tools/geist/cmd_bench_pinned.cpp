@@ -435,8 +435,8 @@ void print_report(const bench::Environment &env, const bench::PinnedParams &p,
     }
   }
   std::printf(
-      "memory: RSS with the model loaded, no session: %s MiB; RSS after the first -> the last "
-      "request:",
+      "memory: RSS with the model loaded, no session: %s MiB; RSS once every session ran its "
+      "first request -> after the last request:",
       bench::mib(model_rss).c_str());
   for (size_t i = 0; i < modes.size(); ++i)
     std::printf("%s %s %s -> %s MiB", i ? "," : "", modes[i].mode.c_str(),
@@ -513,7 +513,7 @@ bool drive(std::vector<Child> &children, const PinnedOptions &o,
       m.request_ms[st.session].push_back(r.d[0]);
       m.reset_ms[st.session].push_back(r.d[1]);
       m.prefill_ms[st.session].push_back(r.d[2]);
-      if (st.request == 0 && st.session == 0) m.rss_after_first = int64_t(r.d[3]);
+      if (st.request == 0 && st.session == o.sessions - 1) m.rss_after_first = int64_t(r.d[3]);
       m.rss_after_last = int64_t(r.d[3]);
       if (st.request > 0) m.decode_ms.insert(m.decode_ms.end(), r.d.begin() + 4, r.d.end());
       (*tokens)[st.mode][st.session].push_back(std::move(r.tokens));
