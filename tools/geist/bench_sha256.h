@@ -1,6 +1,5 @@
-// SHA-256 (FIPS 180-4) of bytes and of files, for the model hash in `geist bench --hash`.
-// Self-contained: the build's dependencies (scripts/install_deps.sh) carry no crypto
-// library, and a benchmark header needs only the digest. Not constant-time; not for secrets.
+// SHA-256 of bytes and of files, for the model hash in `geist bench --hash`: OpenSSL's
+// EVP digest (Debian's libssl-dev) behind a small interface.
 #pragma once
 
 #include <cstddef>
@@ -12,16 +11,15 @@ namespace geist::cli::bench {
 class Sha256 {
  public:
   Sha256();
+  ~Sha256();
+  Sha256(const Sha256 &) = delete;
+  Sha256 &operator=(const Sha256 &) = delete;
   void update(const void *data, size_t n);
   // The digest as 64 lowercase hex digits. Call once; the object is spent afterwards.
   std::string hex_digest();
 
  private:
-  void block(const uint8_t *p);  // one 64-byte block
-  uint32_t h_[8];
-  uint8_t buf_[64];
-  size_t buf_len_ = 0;
-  uint64_t total_ = 0;  // bytes
+  void *ctx_;  // EVP_MD_CTX
 };
 
 // Hex SHA-256 of a file's bytes, read in 1 MiB blocks; false if it cannot be read.
