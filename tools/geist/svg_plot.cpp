@@ -234,10 +234,13 @@ std::string svg_open(int w, int h, const std::string &title) {
   const std::string t = xml_escape(title);
   s += "<title>" + t + "</title>\n";
   s += fmt("<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", w, h);
+  // Shrink a long title to fit the width (bold glyphs average about 0.62 em).
+  const double fit = (w - 24) / (0.62 * double(std::max<size_t>(title.size(), 1)));
+  const double size = std::max(9.0, std::min(17.0, fit));
   s +=
-      fmt("<text x=\"%d\" y=\"28\" %s font-size=\"17\" font-weight=\"bold\" text-anchor=\"middle\" "
+      fmt("<text x=\"%d\" y=\"28\" %s font-size=\"%.1f\" font-weight=\"bold\" text-anchor=\"middle\" "
           "fill=\"#222222\">",
-          w / 2, kFont);
+          w / 2, kFont, size);
   s += t + "</text>\n";
   return s;
 }
