@@ -12,6 +12,7 @@
 #include "engine/session.h"
 #include "engine/tokenizer.h"
 #include "geist/geist.h"
+#include "geist_version.h"  // generated at build time (cmake/version.cmake)
 
 struct geist_model {
   std::shared_ptr<geist::Model> model;

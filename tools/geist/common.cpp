@@ -52,8 +52,7 @@ bool read_text_file(const std::string &path, std::string *out) {
 
 std::string build_info() {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "geist %s (%s), %d hardware threads", GEIST_VERSION, GEIST_GIT_COMMIT,
-                ThreadPool::hardware_threads());
+  std::snprintf(buf, sizeof buf, "geist %s, %d hardware threads", geist_version(), ThreadPool::hardware_threads());
   return buf;
 }
 
