@@ -43,29 +43,34 @@ std::string cpu_model() {
 void cpu_isa(std::string *level, std::vector<std::string> *features) {
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("x86-64-v4")) {
-    *level = "x86-64-v4";
-  } else if (__builtin_cpu_supports("x86-64-v3")) {
-    *level = "x86-64-v3";
-  } else if (__builtin_cpu_supports("x86-64-v2")) {
-    *level = "x86-64-v2";
-  } else {
-    *level = "x86-64";
-  }
 #define GEIST_BENCH_FEATURE(f) \
   if (__builtin_cpu_supports(f)) features->push_back(f)
   GEIST_BENCH_FEATURE("sse4.2");
   GEIST_BENCH_FEATURE("avx");
   GEIST_BENCH_FEATURE("avx2");
   GEIST_BENCH_FEATURE("fma");
+#if !defined(__clang__)  // clang 14's __builtin_cpu_supports knows neither name
   GEIST_BENCH_FEATURE("f16c");
   GEIST_BENCH_FEATURE("avxvnni");
+#endif
   GEIST_BENCH_FEATURE("avx512f");
   GEIST_BENCH_FEATURE("avx512bw");
   GEIST_BENCH_FEATURE("avx512vl");
   GEIST_BENCH_FEATURE("avx512dq");
   GEIST_BENCH_FEATURE("avx512vnni");
   GEIST_BENCH_FEATURE("avx512bf16");
+  // The x86-64 level, from the features its definition needs that both compilers name
+  // (clang 14 has no "x86-64-vN" strings).
+  auto has = [&](const char *f) { return std::find(features->begin(), features->end(), f) != features->end(); };
+  if (has("avx512f") && has("avx512bw") && has("avx512vl") && has("avx512dq") && has("avx2") && has("fma")) {
+    *level = "x86-64-v4";
+  } else if (has("avx2") && has("fma") && has("avx")) {
+    *level = "x86-64-v3";
+  } else if (has("sse4.2")) {
+    *level = "x86-64-v2";
+  } else {
+    *level = "x86-64";
+  }
 #undef GEIST_BENCH_FEATURE
 #else
   *level = "not x86-64";
