@@ -10,32 +10,12 @@
 
 #include "quant/dot.h"
 #include "quant/quant.h"
+#include "test_util.h"
 
 namespace geist::quant {
 namespace {
 
-// Random but valid blocks: random bytes with every f16 scale field set to a small finite value.
-std::vector<uint8_t> random_row(GgmlType t, int64_t k, std::mt19937 &rng) {
-  const TypeTraits &tt = traits(t);
-  std::vector<uint8_t> row(row_bytes(t, k));
-  for (auto &b : row) b = static_cast<uint8_t>(rng());
-  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
-  for (int64_t b = 0; b < k / tt.block_size; ++b) {
-    uint8_t *p = row.data() + b * tt.block_bytes;
-    auto put = [&](int off) {
-      uint16_t h = fp32_to_fp16(scale(rng));
-      std::memcpy(p + off, &h, 2);
-    };
-    switch (t) {
-      case GgmlType::Q2_K: put(80); put(82); break;
-      case GgmlType::Q3_K: put(108); break;
-      case GgmlType::Q4_K: case GgmlType::Q5_K: put(0); put(2); break;
-      case GgmlType::Q6_K: put(208); break;
-      default: put(0); break;
-    }
-  }
-  return row;
-}
+using test::random_row;
 
 class QuantDot : public ::testing::TestWithParam<GgmlType> {};
 

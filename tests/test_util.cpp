@@ -1,10 +1,12 @@
 #include "test_util.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 
 #include "engine/model_paths.h"
+#include "quant/quant.h"
 
 namespace geist::test {
 
@@ -20,6 +22,33 @@ std::vector<uint8_t> read_file(const std::string &path) {
   std::ifstream f(path, std::ios::binary);
   EXPECT_TRUE(f.good()) << "cannot read " << path;
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(f), {});
+}
+
+}  // namespace geist::test
+
+namespace geist::test {
+
+std::vector<uint8_t> random_row(quant::GgmlType t, int64_t k, std::mt19937 &rng) {
+  using quant::GgmlType;
+  const quant::TypeTraits &tt = quant::traits(t);
+  std::vector<uint8_t> row(quant::row_bytes(t, k));
+  for (auto &b : row) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> scale(0.001f, 0.05f);
+  for (int64_t b = 0; b < k / tt.block_size; ++b) {
+    uint8_t *p = row.data() + b * tt.block_bytes;
+    auto put = [&](int off) {
+      uint16_t h = quant::fp32_to_fp16(scale(rng));
+      std::memcpy(p + off, &h, 2);
+    };
+    switch (t) {
+      case GgmlType::Q2_K: put(80); put(82); break;
+      case GgmlType::Q3_K: put(108); break;
+      case GgmlType::Q4_K: case GgmlType::Q5_K: put(0); put(2); break;
+      case GgmlType::Q6_K: put(208); break;
+      default: put(0); break;
+    }
+  }
+  return row;
 }
 
 }  // namespace geist::test

@@ -3,8 +3,12 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
+
+#include "quant/ggml_type.h"
 
 namespace geist::test {
 
@@ -16,6 +20,10 @@ std::string default_model_path();
 
 // Whole file as bytes; fails the test (and returns empty) if unreadable.
 std::vector<uint8_t> read_file(const std::string &path);
+
+// Random but valid weight blocks of type t for a row of k elements: random bytes with
+// every f16 scale field set to a small finite value.
+std::vector<uint8_t> random_row(quant::GgmlType t, int64_t k, std::mt19937 &rng);
 
 }  // namespace geist::test
 

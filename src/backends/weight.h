@@ -16,6 +16,10 @@ struct WeightView {
   int64_t n_in = 0;     // K, contiguous dimension
   int64_t n_out = 0;    // N, rows
   size_t row_bytes = 0; // bytes of one row of n_in elements
+  // Set when a backend repacked the matrix at load (backends/cpu/packed.h): groups of 16
+  // rows of `group_bytes`, owned by the model. `data` still points at the mapped original.
+  const uint8_t *packed = nullptr;
+  size_t group_bytes = 0;
 
   const uint8_t *row(int64_t n) const { return data + static_cast<size_t>(n) * row_bytes; }
   bool valid() const { return data != nullptr; }

@@ -740,6 +740,17 @@ Result<bool> GgufFile::get_bool(std::string_view key) const {
   return typed_get<bool>(*this, key, "a bool", [](const Value &v) { return v.as_bool(); });
 }
 
+void GgufFile::release_pages(const void *p, size_t len) const {
+  const auto *b = static_cast<const uint8_t *>(p);
+  if (!owns_mapping_ || b < base_ || b + len > base_ + size_) return;
+  // Only whole pages inside [p, p + len): a neighbour's bytes on a shared page stay.
+  const size_t page = 4096;
+  size_t lo = static_cast<size_t>(b - base_), hi = lo + len;
+  lo = (lo + page - 1) / page * page;
+  hi = hi / page * page;
+  if (hi > lo) mapping_.advise_dontneed(lo, hi - lo);
+}
+
 void GgufFile::advise_willneed() const {
   if (owns_mapping_) mapping_.advise_willneed();
 }

@@ -121,6 +121,10 @@ class GgufFile {
 
   // Advise the kernel on access patterns over the whole mapping (no-op for from_memory).
   void advise_willneed() const;
+  // Drop the mapped pages wholly inside [p, p + len) from memory (MADV_DONTNEED; read
+  // again, they fault back in from the file). For weights a backend repacked. No-op for
+  // from_memory or a range outside the mapping.
+  void release_pages(const void *p, size_t len) const;
 
  private:
   GgufFile() = default;

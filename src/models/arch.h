@@ -26,6 +26,9 @@ struct ModelInfo {
   int64_t n_layer = 0;
   int64_t n_ctx_train = 0;
   int64_t n_params = 0;  // elements of all tensors
+  // Weights repacked at load for the CPU tier in use (0 on the generic tier).
+  uint64_t packed_bytes = 0;
+  double repack_seconds = 0;
 };
 
 // KV storage wanted for one layer.

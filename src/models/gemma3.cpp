@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "backends/cpu/ops.h"
+#include "backends/cpu/packed.h"
+#include "base/timer.h"
 #include "gguf/gguf_reader.h"
 #include "models/model_loader.h"
 
@@ -49,6 +51,7 @@ class Gemma3 final : public ArchModel {
   WeightView token_embd_, output_;
   const float *output_norm_ = nullptr;
   std::vector<Layer> layers_;
+  cpu::PackedStore packed_;  // repacked weights (the mapped originals are released)
 };
 
 // Scratch slots of the forward pass.
@@ -132,6 +135,23 @@ Status Gemma3::load(const gguf::GgufFile &f) {
     GEIST_ASSIGN_OR_RETURN(L.ffn_down, tb.matrix(p + "ffn_down.weight", n_ff_, d));
     GEIST_ASSIGN_OR_RETURN(L.post_ffw_norm, tb.vector(p + "post_ffw_norm.weight", d));
   }
+  // Repack the matrices for the CPU tier in use, one at a time, releasing each one's mapped
+  // pages after it is packed: the process then holds one copy of the weights. The token
+  // embedding stays in the mapping (a lookup touches one row); when it is also the output
+  // head (tied), the head's packed copy is separate and the embedding rows fault back in
+  // as tokens are seen.
+  const double t_pack = now_seconds();
+  auto pack = [&](WeightView &w) {
+    if (cpu::pack_weight(&w, &packed_)) f.release_pages(w.data, w.row_bytes * size_t(w.n_out));
+  };
+  pack(output_);
+  for (Layer &L : layers_) {
+    for (WeightView *w : {&L.attn_q, &L.attn_k, &L.attn_v, &L.attn_output, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) {
+      pack(*w);
+    }
+  }
+  info_.packed_bytes = packed_.bytes();
+  info_.repack_seconds = now_seconds() - t_pack;
   info_.arch = "gemma3";
   info_.n_embd = n_embd_;
   info_.n_layer = n_layer;

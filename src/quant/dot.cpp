@@ -19,19 +19,19 @@ inline int round_even(float v) {
   return static_cast<int>(std::nearbyint(std::fmin(std::fmax(v, -128.0f), 127.0f)));
 }
 
-void quantize_q8_0(const float *x, int64_t k, QuantizedRow *row) {
+void quantize_q8_0(const float *x, int64_t k, float *rd, int8_t *rq) {
   for (int64_t b = 0; b < k / 32; ++b) {
     const float *xb = x + b * 32;
     float amax = 0.0f;
     for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
     const float d = amax / 127.0f;
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    row->d[b] = fp16_to_fp32(fp32_to_fp16(d));
-    for (int j = 0; j < 32; ++j) row->q[b * 32 + j] = static_cast<int8_t>(round_even(xb[j] * id));
+    rd[b] = fp16_to_fp32(fp32_to_fp16(d));
+    for (int j = 0; j < 32; ++j) rq[b * 32 + j] = static_cast<int8_t>(round_even(xb[j] * id));
   }
 }
 
-void quantize_q8_k(const float *x, int64_t k, QuantizedRow *row) {
+void quantize_q8_k(const float *x, int64_t k, float *rd, int8_t *rq) {
   for (int64_t b = 0; b < k / 256; ++b) {
     const float *xb = x + b * 256;
     float amax = 0.0f, mx = 0.0f;
@@ -43,16 +43,16 @@ void quantize_q8_k(const float *x, int64_t k, QuantizedRow *row) {
       }
     }
     if (amax == 0.0f) {
-      row->d[b] = 0.0f;
-      std::memset(&row->q[b * 256], 0, 256);
+      rd[b] = 0.0f;
+      std::memset(&rq[b * 256], 0, 256);
       continue;
     }
     const float iscale = -127.0f / mx;
     for (int j = 0; j < 256; ++j) {
       const int v = round_even(iscale * xb[j]);
-      row->q[b * 256 + j] = static_cast<int8_t>(v < 127 ? v : 127);
+      rq[b * 256 + j] = static_cast<int8_t>(v < 127 ? v : 127);
     }
-    row->d[b] = 1.0f / iscale;
+    rd[b] = 1.0f / iscale;
   }
 }
 
@@ -100,8 +100,12 @@ void quantize_row(ActFormat f, const float *x, int64_t k, QuantizedRow *row) {
   const int bs = act_block(f);
   row->d.resize(static_cast<size_t>(k / bs));
   row->q.resize(static_cast<size_t>(k));
-  if (f == ActFormat::Q8_0) quantize_q8_0(x, k, row);
-  if (f == ActFormat::Q8_K) quantize_q8_k(x, k, row);
+  quantize_row_to(f, x, k, row->d.data(), row->q.data());
+}
+
+void quantize_row_to(ActFormat f, const float *x, int64_t k, float *d, int8_t *q) {
+  if (f == ActFormat::Q8_0) quantize_q8_0(x, k, d, q);
+  if (f == ActFormat::Q8_K) quantize_q8_k(x, k, d, q);
 }
 
 // The 32-element formats directly: a = signed quant, d = the block's f16 scale.

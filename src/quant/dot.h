@@ -36,6 +36,8 @@ struct QuantizedRow {
 // q = round-half-even(x * 127/amax). Q8_K: per 256, d = max/-127 with max the element of
 // largest magnitude, q = min(127, round-half-even(x * -127/max)).
 void quantize_row(ActFormat f, const float *x, int64_t k, QuantizedRow *row);
+// The same into caller buffers: d [k / block], q [k].
+void quantize_row_to(ActFormat f, const float *x, int64_t k, float *d, int8_t *q);
 
 // A weight row in integer form: element e of super-block s contributes
 // d[s] * a[e] * x[e]  -  dmin[s] * m[e] * x[e]   (m is empty for types without mins).

@@ -8,6 +8,9 @@
 #include <limits>
 #include <vector>
 
+#include "backends/cpu/isa.h"
+#include "backends/cpu/packed.h"
+#include "backends/cpu/qgemm.h"
 #include "base/cpu_clones.h"
 #include "base/status.h"
 #include "quant/dot.h"
@@ -89,12 +92,77 @@ std::atomic<ActivationMode> g_act_mode{mode_from_env()};
 void set_activation_mode(ActivationMode m) { g_act_mode.store(m); }
 ActivationMode activation_mode() { return g_act_mode.load(std::memory_order_relaxed); }
 
+namespace {
+
+// Quantized activation rows in the flat form the packed kernels read (qgemm.h).
+struct ActBuffers {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int16_t> s32, s16;
+};
+thread_local ActBuffers t_acts;
+
+// The packed path: activations quantized per row (parallel over rows), then the tier's
+// kernel over groups of 16 weight rows (parallel over groups; every group sees all rows).
+void matmul_packed(GemmFn fn, const WeightView &w, const float *x, float *y, int n_rows, ThreadPool &pool) {
+  const quant::ActFormat af = quant::act_format(w.type);
+  const int64_t K = w.n_in;
+  const int64_t nd = K / quant::act_block(af);
+  ActBuffers &ab = t_acts;
+  const size_t nr = static_cast<size_t>(n_rows);
+  if (ab.q.size() < nr * K) ab.q.resize(nr * K);
+  if (ab.d.size() < nr * nd) ab.d.resize(nr * nd);
+  if (ab.s32.size() < nr * (K / 32)) ab.s32.resize(nr * (K / 32));
+  if (ab.s16.size() < nr * (K / 16)) ab.s16.resize(nr * (K / 16));
+  pool.run(n_rows, [&](int r, int) {
+    int8_t *q = ab.q.data() + r * K;
+    quant::quantize_row_to(af, x + static_cast<size_t>(r) * K, K, ab.d.data() + r * nd, q);
+    int16_t *s16 = ab.s16.data() + r * (K / 16);
+    int16_t *s32 = ab.s32.data() + r * (K / 32);
+    for (int64_t b = 0; b < K / 16; ++b) {
+      int s = 0;
+      for (int j = 0; j < 16; ++j) s += q[16 * b + j];
+      s16[b] = static_cast<int16_t>(s);
+    }
+    for (int64_t b = 0; b < K / 32; ++b) s32[b] = static_cast<int16_t>(s16[2 * b] + s16[2 * b + 1]);
+  });
+  GemmArgs a;
+  a.w = w.packed;
+  a.group_bytes = w.group_bytes;
+  a.K = K;
+  a.n_out = w.n_out;
+  a.xq = ab.q.data();
+  a.xd = ab.d.data();
+  a.xs32 = ab.s32.data();
+  a.xs16 = ab.s16.data();
+  a.n_rows = n_rows;
+  a.y = y;
+  a.ldy = w.n_out;
+  const int64_t n_groups = (w.n_out + kPackRows - 1) / kPackRows;
+  const int64_t per = std::max<int64_t>(1, n_groups / (int64_t(pool.n_threads()) * 8));
+  const int n_tasks = static_cast<int>((n_groups + per - 1) / per);
+  pool.run(n_tasks, [&](int task, int) {
+    const int64_t g0 = task * per;
+    fn(a, g0, std::min(n_groups, g0 + per));
+  });
+}
+
+}  // namespace
+
 void matmul_range(const WeightView &w, const float *x, float *y, int n_rows, int64_t n_begin,
                   int64_t n_end, ThreadPool &pool) {
   const quant::ActFormat af = quant::act_format(w.type);
   if (af == quant::ActFormat::F32 || activation_mode() == ActivationMode::F32) {
     matmul_f32_act(w, x, y, n_rows, n_begin, n_end, pool);
     return;
+  }
+  if (w.packed && n_begin == 0 && n_end == w.n_out) {
+    if (const TierKernels *tk = tier_kernels(active_isa())) {
+      if (GemmFn fn = tk->for_type(w.type)) {
+        matmul_packed(fn, w, x, y, n_rows, pool);
+        return;
+      }
+    }
   }
   const int64_t K = w.n_in;
   // Quantize every activation row once (per row: batch invariant).
@@ -122,6 +190,15 @@ void matmul_range(const WeightView &w, const float *x, float *y, int n_rows, int
       }
     }
   });
+}
+
+bool matmul_on_tier(Isa isa, const WeightView &w, const float *x, float *y, int n_rows, ThreadPool &pool) {
+  if (!w.packed || static_cast<int>(isa) > static_cast<int>(best_isa())) return false;
+  const TierKernels *tk = tier_kernels(isa);
+  GemmFn fn = tk ? tk->for_type(w.type) : nullptr;
+  if (!fn) return false;
+  matmul_packed(fn, w, x, y, n_rows, pool);
+  return true;
 }
 
 void matmul(const WeightView &w, const float *x, float *y, int n_rows, ThreadPool &pool) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "backends/cpu/isa.h"
 #include "backends/weight.h"
 #include "base/thread_pool.h"
 
@@ -30,6 +31,11 @@ void matmul(const WeightView &w, const float *x, float *y, int n_rows, ThreadPoo
 // Same for a subset of output rows of the weight: y[r][n - n_begin] for n in [n_begin, n_end).
 void matmul_range(const WeightView &w, const float *x, float *y, int n_rows, int64_t n_begin,
                   int64_t n_end, ThreadPool &pool);
+
+// The packed path of one SIMD tier, for tests and microbenchmarks: w.packed must be set
+// (packed.h). Returns false, doing nothing, if the tier has no kernel for w.type or the
+// CPU lacks the tier.
+bool matmul_on_tier(Isa isa, const WeightView &w, const float *x, float *y, int n_rows, ThreadPool &pool);
 
 // out[r] = W[ids[r]] (one dequantized row of the table per id) * scale. out: [n][w.n_in].
 void embedding_gather(const WeightView &w, const int32_t *ids, int n, float scale, float *out);

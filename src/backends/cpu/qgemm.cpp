@@ -1,0 +1,34 @@
+#include "backends/cpu/qgemm.h"
+
+#include <atomic>
+
+namespace geist::cpu {
+namespace {
+std::atomic<uint64_t> g_calls[3];
+}
+
+GemmFn TierKernels::for_type(quant::GgmlType t) const {
+  switch (t) {
+    case quant::GgmlType::Q8_0: return q8_0;
+    case quant::GgmlType::Q4_0: return q4_0;
+    case quant::GgmlType::Q5_0: return q5_0;
+    case quant::GgmlType::Q4_K: return q4_k;
+    case quant::GgmlType::Q5_K: return q5_k;
+    case quant::GgmlType::Q6_K: return q6_k;
+    default: return nullptr;
+  }
+}
+
+const TierKernels *tier_kernels(Isa isa) {
+#if defined(__x86_64__)
+  if (isa == Isa::Avx512) return tier_kernels_avx512();
+  if (isa == Isa::Avx2) return tier_kernels_avx2();
+#endif
+  (void)isa;
+  return nullptr;
+}
+
+uint64_t tier_calls(Isa isa) { return g_calls[static_cast<int>(isa)].load(std::memory_order_relaxed); }
+void count_tier_call(Isa isa) { g_calls[static_cast<int>(isa)].fetch_add(1, std::memory_order_relaxed); }
+
+}  // namespace geist::cpu

@@ -1,0 +1,56 @@
+// Quantized matmul over packed weights (packed.h), one implementation per SIMD tier.
+//
+// y[r][n] = sum_k W[n][k] x[r][k] with x quantized per row (quant/dot.h's formats) and the
+// arithmetic of quant/dot.h's scalar oracle, element for element: per block an exact
+// integer sum, then the block scales in f32, accumulated in block order. So every tier,
+// every row count and every thread count gives the same bits as the generic path.
+//
+// A call covers groups [g0, g1) of 16 weight rows for all n_rows activation rows, in
+// tiles of up to 8 (or 4) rows; a ragged tail of rows runs the same kernel instantiated
+// for fewer rows, a ragged tail of weight rows (n_out % 16) a masked store.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backends/cpu/isa.h"
+#include "quant/ggml_type.h"
+
+namespace geist::cpu {
+
+struct GemmArgs {
+  const uint8_t *w = nullptr;  // packed groups
+  size_t group_bytes = 0;
+  int64_t K = 0;
+  int64_t n_out = 0;           // valid weight rows
+  // Quantized activations, n_rows rows each of: q [K] int8, d [K / act_block] f32,
+  // s32 [K / 32] and s16 [K / 16] int16 sums of q over 32 and 16 elements.
+  const int8_t *xq = nullptr;
+  const float *xd = nullptr;
+  const int16_t *xs32 = nullptr;
+  const int16_t *xs16 = nullptr;
+  int n_rows = 0;
+  float *y = nullptr;          // y[r * ldy + n]
+  int64_t ldy = 0;
+};
+
+using GemmFn = void (*)(const GemmArgs &a, int64_t g0, int64_t g1);
+
+struct TierKernels {
+  Isa isa;
+  GemmFn q8_0, q4_0, q5_0, q4_k, q5_k, q6_k;  // nullptr: not implemented on this tier
+  GemmFn for_type(quant::GgmlType t) const;
+};
+
+// The kernels of a tier (nullptr for generic, which has no packed path, or for a tier
+// this build does not contain). The tier's own ISA must be supported by the CPU to call them.
+const TierKernels *tier_kernels(Isa isa);
+// Kernel calls made on each tier since start (for tests that check a tier really ran).
+uint64_t tier_calls(Isa isa);
+void count_tier_call(Isa isa);
+
+// Defined in the tier translation units.
+const TierKernels *tier_kernels_avx2();
+const TierKernels *tier_kernels_avx512();
+
+}  // namespace geist::cpu

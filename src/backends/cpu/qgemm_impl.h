@@ -1,0 +1,220 @@
+// The quantized GEMM kernels of qgemm.h, written once over a SIMD abstraction S and
+// instantiated by each tier's translation unit (tier_avx512.cpp, tier_avx2.cpp), which
+// compiles them with its own -m flags. Include only from a tier TU, inside its own
+// anonymous namespace (so that nothing here has external linkage).
+//
+// S::L lanes (weight rows) per vector: 16 for AVX-512, 8 for AVX2 (a group of 16 is
+// then run as two halves, h = 0, 1). S::RT: activation rows per tile. S::kQ8Offset: the
+// value Q8_0's packed u8 quants carry over the signed weight (128 where the kernel
+// multiplies u8 x s8, 0 where S::dp_q8 undoes the offset itself).
+//
+// The arithmetic is quant/dot.h's, per output element: for each block the exact integer
+// sum, then  acc += (d_w * d_x) * isum  (and  - (dmin_w * d_x) * msum  for mins), in
+// block order, in f32 without contraction.
+
+template <class S>
+struct Kernels {
+  using I = typename S::I;
+  using F = typename S::F;
+  static constexpr int L = S::L;
+
+  static int32_t x4(const int8_t *p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  static int32_t s16pair(const int16_t *p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+
+  // --- 32-element block formats (Q8_0, Q4_0, Q5_0) ---
+  template <quant::GgmlType T>
+  static constexpr int per_block() {
+    return T == quant::GgmlType::Q8_0 ? 512 : T == quant::GgmlType::Q4_0 ? 256 : 320;
+  }
+  template <quant::GgmlType T>
+  static constexpr int offset() {
+    return T == quant::GgmlType::Q8_0 ? S::kQ8Offset : T == quant::GgmlType::Q4_0 ? 8 : 16;
+  }
+  // Weight vector of k-group j of a block, lanes of half h.
+  template <quant::GgmlType T>
+  static I wvec(const uint8_t *q, int j, int h) {
+    if constexpr (T == quant::GgmlType::Q8_0) {
+      return S::load(q + 64 * j + 32 * h);
+    } else {
+      const I v = S::load(q + 64 * (j & 3) + 32 * h);
+      I w = j < 4 ? S::nib_lo(v) : S::nib_hi(v);
+      if constexpr (T == quant::GgmlType::Q5_0) {
+        uint64_t m;
+        std::memcpy(&m, q + 256 + 8 * j, 8);
+        w = S::add_bit4(w, m >> (32 * h));
+      }
+      return w;
+    }
+  }
+
+  template <quant::GgmlType T, int R>
+  static void tile_q32(const uint8_t *grp, int64_t nb, const GemmArgs &a, int r0, int h, float *y, int n_valid) {
+    constexpr int per = per_block<T>();
+    const uint8_t *scales = grp + nb * per;
+    const int64_t K = a.K;
+    F acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = S::fzero();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t *q = grp + b * per;
+      I isum[R];
+      for (int r = 0; r < R; ++r) isum[r] = S::set1(-offset<T>() * a.xs32[(r0 + r) * (K / 32) + b]);
+      for (int j = 0; j < 8; ++j) {
+        const I w = wvec<T>(q, j, h);
+        for (int r = 0; r < R; ++r) {
+          const int32_t xv = x4(a.xq + (r0 + r) * K + 32 * b + 4 * j);
+          if constexpr (T == quant::GgmlType::Q8_0) {
+            isum[r] = S::dp_q8(isum[r], w, xv);
+          } else {
+            isum[r] = S::dp(isum[r], w, xv);
+          }
+        }
+      }
+      const F dw = S::cvtph(scales + 32 * b + 2 * L * h);
+      for (int r = 0; r < R; ++r) {
+        const F dx = S::set1f(a.xd[(r0 + r) * (K / 32) + b]);
+        acc[r] = S::add(acc[r], S::mul(S::mul(dw, dx), S::cvt(isum[r])));
+      }
+    }
+    for (int r = 0; r < R; ++r) S::store(y + r * a.ldy, acc[r], n_valid);
+  }
+
+  // --- Q4_K / Q5_K ---
+  template <quant::GgmlType T, int R>
+  static void tile_q45k(const uint8_t *grp, int64_t nsb, const GemmArgs &a, int r0, int h, float *y, int n_valid) {
+    constexpr bool q5 = T == quant::GgmlType::Q5_K;
+    constexpr size_t sb_bytes = q5 ? 3008 : 2496;
+    constexpr size_t off = q5 ? 2560 : 2048;
+    const int64_t K = a.K;
+    F acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = S::fzero();
+    for (int64_t s = 0; s < nsb; ++s) {
+      const uint8_t *o = grp + s * sb_bytes;
+      I isum[R];
+      for (int r = 0; r < R; ++r) isum[r] = S::zero();
+      for (int t = 0; t < 8; ++t) {
+        const uint8_t *q = o + 256 * t;
+        I p[R];
+        for (int r = 0; r < R; ++r) p[r] = S::zero();
+        for (int j = 0; j < 8; ++j) {
+          const I v = S::load(q + 64 * (j & 3) + 32 * h);
+          I w = j < 4 ? S::nib_lo(v) : S::nib_hi(v);
+          if constexpr (q5) {
+            uint64_t m;
+            std::memcpy(&m, o + 2048 + 64 * t + 8 * j, 8);
+            w = S::add_bit4(w, m >> (32 * h));
+          }
+          for (int r = 0; r < R; ++r) p[r] = S::dp(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * t + 4 * j));
+        }
+        const I sc = S::load_u8_i32(o + off + 16 * t + L * h);
+        for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::mullo(p[r], sc));
+      }
+      I mins[4];
+      for (int pp = 0; pp < 4; ++pp) mins[pp] = S::load(o + off + 128 + 64 * pp + 32 * h);
+      const F d = S::cvtph(o + off + 384 + 2 * L * h);
+      const F dmin = S::cvtph(o + off + 416 + 2 * L * h);
+      for (int r = 0; r < R; ++r) {
+        I msum = S::zero();
+        const int16_t *xs = a.xs32 + (r0 + r) * (K / 32) + 8 * s;
+        for (int pp = 0; pp < 4; ++pp) msum = S::dpwssd(msum, mins[pp], s16pair(xs + 2 * pp));
+        const F dx = S::set1f(a.xd[(r0 + r) * (K / 256) + s]);
+        F v = S::mul(S::mul(d, dx), S::cvt(isum[r]));
+        v = S::sub(v, S::mul(S::mul(dmin, dx), S::cvt(msum)));
+        acc[r] = S::add(acc[r], v);
+      }
+    }
+    for (int r = 0; r < R; ++r) S::store(y + r * a.ldy, acc[r], n_valid);
+  }
+
+  // --- Q6_K ---
+  template <int R>
+  static void tile_q6k(const uint8_t *grp, int64_t nsb, const GemmArgs &a, int r0, int h, float *y, int n_valid) {
+    const int64_t K = a.K;
+    F acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = S::fzero();
+    for (int64_t s = 0; s < nsb; ++s) {
+      const uint8_t *o = grp + s * 3392;
+      I isum[R];
+      for (int r = 0; r < R; ++r) isum[r] = S::zero();
+      for (int c = 0; c < 8; ++c) {
+        const uint8_t *q = o + 256 * c;
+        const I hv0 = S::load(o + 2048 + 128 * c + 32 * h);
+        const I hv1 = S::load(o + 2048 + 128 * c + 64 + 32 * h);
+        for (int u = 0; u < 2; ++u) {  // the chunk's two 16-element sub-blocks
+          const int sub = 2 * c + u;
+          I p[R];
+          for (int r = 0; r < R; ++r) p[r] = S::set1(-32 * a.xs16[(r0 + r) * (K / 16) + 16 * s + sub]);
+          for (int jj = 0; jj < 4; ++jj) {
+            const int j = 4 * u + jj;
+            const I v = S::load(q + 64 * (j & 3) + 32 * h);
+            const I lo = j < 4 ? S::nib_lo(v) : S::nib_hi(v);
+            const I hv = u == 0 ? hv0 : hv1;
+            I w;
+            switch (jj) {
+              case 0: w = S::or_hi2_shl4(lo, hv); break;
+              case 1: w = S::or_hi2_shl2(lo, hv); break;
+              case 2: w = S::or_hi2_shl0(lo, hv); break;
+              default: w = S::or_hi2_shr2(lo, hv); break;
+            }
+            for (int r = 0; r < R; ++r) p[r] = S::dp(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * c + 4 * j));
+          }
+          const I sc = S::load_s8_i32(o + 3072 + 16 * sub + L * h);
+          for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::mullo(p[r], sc));
+        }
+      }
+      const F d = S::cvtph(o + 3328 + 2 * L * h);
+      for (int r = 0; r < R; ++r) {
+        const F dx = S::set1f(a.xd[(r0 + r) * (K / 256) + s]);
+        acc[r] = S::add(acc[r], S::mul(S::mul(d, dx), S::cvt(isum[r])));
+      }
+    }
+    for (int r = 0; r < R; ++r) S::store(y + r * a.ldy, acc[r], n_valid);
+  }
+
+  // One tile of R rows of group g, half h.
+  template <quant::GgmlType T, int R>
+  static void tile(const GemmArgs &a, int64_t g, int r0, int h) {
+    const uint8_t *grp = a.w + g * a.group_bytes;
+    const int64_t n0 = g * 16 + int64_t(h) * L;
+    const int n_valid = int(std::min<int64_t>(L, a.n_out - n0));
+    if (n_valid <= 0) return;
+    float *y = a.y + int64_t(r0) * a.ldy + n0;
+    if constexpr (T == quant::GgmlType::Q6_K) {
+      tile_q6k<R>(grp, a.K / 256, a, r0, h, y, n_valid);
+    } else if constexpr (T == quant::GgmlType::Q4_K || T == quant::GgmlType::Q5_K) {
+      tile_q45k<T, R>(grp, a.K / 256, a, r0, h, y, n_valid);
+    } else {
+      tile_q32<T, R>(grp, a.K / 32, a, r0, h, y, n_valid);
+    }
+  }
+
+  template <quant::GgmlType T, int R>
+  static void tail(const GemmArgs &a, int64_t g, int r0, int h, int rem) {
+    if constexpr (R > 0) {
+      if (rem == R) {
+        tile<T, R>(a, g, r0, h);
+      } else {
+        tail<T, R - 1>(a, g, r0, h, rem);
+      }
+    }
+  }
+
+  template <quant::GgmlType T>
+  static void gemm(const GemmArgs &a, int64_t g0, int64_t g1) {
+    constexpr int RT = S::RT;
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int h = 0; h < 16 / L; ++h) {
+        int r0 = 0;
+        for (; r0 + RT <= a.n_rows; r0 += RT) tile<T, RT>(a, g, r0, h);
+        if (r0 < a.n_rows) tail<T, RT - 1>(a, g, r0, h, a.n_rows - r0);
+      }
+    }
+  }
+};

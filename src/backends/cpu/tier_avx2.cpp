@@ -1,0 +1,93 @@
+// The AVX2 tier: AVX2 + FMA + F16C (compiled with those -m flags; runs only where isa.cpp
+// found them). A packed group of 16 rows is processed as two halves of 8 lanes.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/cpu/qgemm.h"
+
+namespace geist::cpu {
+namespace {
+
+struct Avx2 {
+  using I = __m256i;
+  using F = __m256;
+  static constexpr int L = 8;
+  static constexpr int RT = 4;
+  // Q8_0 is multiplied signed x signed (dp_q8 flips the stored + 128 back), so no offset.
+  static constexpr int kQ8Offset = 0;
+
+  static I load(const uint8_t *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
+  static I zero() { return _mm256_setzero_si256(); }
+  static I set1(int32_t v) { return _mm256_set1_epi32(v); }
+  static I nib_lo(I v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+  static I nib_hi(I v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
+  // + 16 in byte k where bit k of m (its low 32 bits) is set.
+  static I add_bit4(I w, uint64_t m) {
+    const I bits = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(m)),
+                                       _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
+                                                          0x0303030303030303LL));
+    const I sel = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+    const I on = _mm256_cmpeq_epi8(_mm256_and_si256(bits, sel), sel);
+    return _mm256_add_epi8(w, _mm256_and_si256(on, _mm256_set1_epi8(16)));
+  }
+  static I hi2(I hv) { return _mm256_and_si256(hv, _mm256_set1_epi8(0x30)); }
+  static I or_hi2_shl4(I lo, I hv) { return _mm256_or_si256(lo, hi2(_mm256_slli_epi16(hv, 4))); }
+  static I or_hi2_shl2(I lo, I hv) { return _mm256_or_si256(lo, hi2(_mm256_slli_epi16(hv, 2))); }
+  static I or_hi2_shl0(I lo, I hv) { return _mm256_or_si256(lo, hi2(hv)); }
+  static I or_hi2_shr2(I lo, I hv) { return _mm256_or_si256(lo, hi2(_mm256_srli_epi16(hv, 2))); }
+  // u8 (<= 63) x s8: the int16 pair sums stay below 2^15, so maddubs does not saturate.
+  static I dp(I acc, I w, int32_t x) {
+    const I p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(x));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+  }
+  // Q8_0: w holds int8 + 128; |w| x sign(x, w) keeps the pair sums within int16.
+  static I dp_q8(I acc, I w, int32_t x) {
+    const I ws = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
+    const I p = _mm256_maddubs_epi16(_mm256_abs_epi8(ws), _mm256_sign_epi8(_mm256_set1_epi32(x), ws));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+  }
+  static I dpwssd(I acc, I w, int32_t x) { return _mm256_add_epi32(acc, _mm256_madd_epi16(w, _mm256_set1_epi32(x))); }
+  static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  static I load_u8_i32(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p))); }
+  static I load_s8_i32(const uint8_t *p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p))); }
+
+  static F fzero() { return _mm256_setzero_ps(); }
+  static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
+  static F cvtph(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))); }
+  static F set1f(float v) { return _mm256_set1_ps(v); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F add(F a, F b) { return _mm256_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static void store(float *y, F v, int n) {
+    if (n == 8) {
+      _mm256_storeu_ps(y, v);
+    } else {
+      alignas(32) float t[8];
+      _mm256_store_ps(t, v);
+      std::memcpy(y, t, sizeof(float) * n);
+    }
+  }
+};
+
+#include "backends/cpu/qgemm_impl.h"
+
+using K = Kernels<Avx2>;
+using quant::GgmlType;
+
+template <GgmlType T>
+void run(const GemmArgs &a, int64_t g0, int64_t g1) {
+  count_tier_call(Isa::Avx2);
+  K::gemm<T>(a, g0, g1);
+}
+
+const TierKernels kTable{Isa::Avx2,           run<GgmlType::Q8_0>, run<GgmlType::Q4_0>, run<GgmlType::Q5_0>,
+                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>};
+
+}  // namespace
+
+const TierKernels *tier_kernels_avx2() { return &kTable; }
+
+}  // namespace geist::cpu

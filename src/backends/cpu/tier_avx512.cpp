@@ -1,0 +1,73 @@
+// The AVX-512 tier: F/BW/DQ/VL + VNNI (this file is compiled with those -m flags and its
+// code runs only when isa.cpp found them). One 512-bit vector = 16 packed weight rows.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/cpu/qgemm.h"
+
+namespace geist::cpu {
+namespace {
+
+struct Avx512 {
+  using I = __m512i;
+  using F = __m512;
+  static constexpr int L = 16;
+  static constexpr int RT = 8;
+  static constexpr int kQ8Offset = 128;
+
+  static I load(const uint8_t *p) { return _mm512_loadu_si512(p); }
+  static I zero() { return _mm512_setzero_si512(); }
+  static I set1(int32_t v) { return _mm512_set1_epi32(v); }
+  static I nib_lo(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+  static I nib_hi(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+  static I add_bit4(I w, uint64_t m) { return _mm512_mask_add_epi8(w, _cvtu64_mask64(m), w, _mm512_set1_epi8(16)); }
+  static I hi2(I hv) { return _mm512_and_si512(hv, _mm512_set1_epi8(0x30)); }
+  static I or_hi2_shl4(I lo, I hv) { return _mm512_or_si512(lo, hi2(_mm512_slli_epi16(hv, 4))); }
+  static I or_hi2_shl2(I lo, I hv) { return _mm512_or_si512(lo, hi2(_mm512_slli_epi16(hv, 2))); }
+  static I or_hi2_shl0(I lo, I hv) { return _mm512_or_si512(lo, hi2(hv)); }
+  static I or_hi2_shr2(I lo, I hv) { return _mm512_or_si512(lo, hi2(_mm512_srli_epi16(hv, 2))); }
+  static I dp(I acc, I w, int32_t x) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x)); }
+  static I dp_q8(I acc, I w, int32_t x) { return dp(acc, w, x); }
+  static I dpwssd(I acc, I w, int32_t x) { return _mm512_dpwssd_epi32(acc, w, _mm512_set1_epi32(x)); }
+  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static I load_u8_i32(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))); }
+  static I load_s8_i32(const uint8_t *p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))); }
+
+  static F fzero() { return _mm512_setzero_ps(); }
+  static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  static F cvtph(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))); }
+  static F set1f(float v) { return _mm512_set1_ps(v); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F add(F a, F b) { return _mm512_add_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static void store(float *y, F v, int n) {
+    if (n == 16) {
+      _mm512_storeu_ps(y, v);
+    } else {
+      _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << n) - 1), v);
+    }
+  }
+};
+
+#include "backends/cpu/qgemm_impl.h"
+
+using K = Kernels<Avx512>;
+using quant::GgmlType;
+
+template <GgmlType T>
+void run(const GemmArgs &a, int64_t g0, int64_t g1) {
+  count_tier_call(Isa::Avx512);
+  K::gemm<T>(a, g0, g1);
+}
+
+const TierKernels kTable{Isa::Avx512,         run<GgmlType::Q8_0>, run<GgmlType::Q4_0>, run<GgmlType::Q5_0>,
+                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>};
+
+}  // namespace
+
+const TierKernels *tier_kernels_avx512() { return &kTable; }
+
+}  // namespace geist::cpu
