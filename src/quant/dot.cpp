@@ -10,20 +10,28 @@
 namespace geist::quant {
 namespace {
 
-// Round half to even, as ggml's nearest_int and _mm256_round_ps(_MM_ROUND_NEAREST) do.
+// Round half to even, as ggml's nearest_int and _mm256_round_ps(_MM_ROUND_NEAREST) do:
+// adding 1.5 * 2^23 puts v in the binade where one ulp is 1, so the addition itself rounds
+// (ties to even, the default mode), with no libm call and in a form compilers vectorize.
 // NaN gives 0 and the result is clamped to int8's range, so non-finite activations (from a
 // corrupt restored KV row, say) give garbage but never undefined behaviour; finite inputs
 // of the quantizers below are already within [-127, 127].
 inline int round_even(float v) {
-  if (!(v == v)) return 0;
-  return static_cast<int>(std::nearbyint(std::fmin(std::fmax(v, -128.0f), 127.0f)));
+  v = v == v ? v : 0.0f;
+  v = v < -128.0f ? -128.0f : v;
+  v = v > 127.0f ? 127.0f : v;
+  return static_cast<int>((v + 12582912.0f) - 12582912.0f);
 }
 
+GEIST_CPU_CLONES
 void quantize_q8_0(const float *x, int64_t k, float *rd, int8_t *rq) {
   for (int64_t b = 0; b < k / 32; ++b) {
     const float *xb = x + b * 32;
     float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+    for (int j = 0; j < 32; ++j) {
+      const float ax = std::fabs(xb[j]);
+      amax = ax > amax ? ax : amax;  // fmax: NaN ignored
+    }
     const float d = amax / 127.0f;
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     rd[b] = fp16_to_fp32(fp32_to_fp16(d));
@@ -31,15 +39,19 @@ void quantize_q8_0(const float *x, int64_t k, float *rd, int8_t *rq) {
   }
 }
 
+GEIST_CPU_CLONES
 void quantize_q8_k(const float *x, int64_t k, float *rd, int8_t *rq) {
   for (int64_t b = 0; b < k / 256; ++b) {
     const float *xb = x + b * 256;
     float amax = 0.0f, mx = 0.0f;
     for (int j = 0; j < 256; ++j) {
       const float ax = std::fabs(xb[j]);
-      if (ax > amax) {
-        amax = ax;
+      amax = ax > amax ? ax : amax;
+    }
+    for (int j = 0; j < 256; ++j) {  // the first element of largest magnitude
+      if (std::fabs(xb[j]) == amax) {
         mx = xb[j];
+        break;
       }
     }
     if (amax == 0.0f) {

@@ -289,7 +289,11 @@ void add_inplace(float *x, const float *y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
-void attention(const AttentionArgs &a, ThreadPool &pool) {
+namespace {
+
+// The generic (oracle) attention: per query and head, every visible score, an exact
+// softmax (sum in double), then the weighted sum of values.
+void attention_generic(const AttentionArgs &a, ThreadPool &pool) {
   const int group = a.n_head / a.n_head_kv;
   const int n_tasks = a.n_rows * a.n_head;
   const size_t kv_stride = static_cast<size_t>(a.n_head_kv) * a.head_dim;
@@ -324,6 +328,127 @@ void attention(const AttentionArgs &a, ThreadPool &pool) {
       for (int d = 0; d < a.head_dim; ++d) o[d] += w * v[d];
     }
   });
+}
+
+}  // namespace
+
+}  // namespace geist::cpu
+
+namespace geist::cpu {
+namespace {
+
+// Keys are split into chunks of kAttnChunk absolute positions. Every query's chunks are
+// reduced to partial states by the tier's kernel and merged in chunk order, whether one
+// task walks all of a query's chunks or several threads compute them (decode at long
+// context): the same partials, merged the same way, so the same bits.
+constexpr int64_t kAttnChunk = 256;
+
+struct AttnState {
+  float *m, *l, *acc;  // [group], [group], [group][D]
+};
+
+void merge_state(AttnState s, const AttnState &p, int group, int D) {
+  for (int h = 0; h < group; ++h) {
+    const float mn = std::max(s.m[h], p.m[h]);
+    const float ca = std::exp(s.m[h] - mn), cb = std::exp(p.m[h] - mn);
+    s.l[h] = s.l[h] * ca + p.l[h] * cb;
+    s.m[h] = mn;
+    float *o = s.acc + size_t(h) * D;
+    const float *q = p.acc + size_t(h) * D;
+    for (int d = 0; d < D; ++d) o[d] = o[d] * ca + q[d] * cb;
+  }
+}
+
+void finish_state(const AttnState &s, const AttentionArgs &a, int r, int g, int group) {
+  const int D = a.head_dim;
+  for (int h = 0; h < group; ++h) {
+    float *o = a.out + (size_t(r) * a.n_head + size_t(g) * group + h) * D;
+    const float *acc = s.acc + size_t(h) * D;
+    const float inv = 1.0f / s.l[h];
+    for (int d = 0; d < D; ++d) o[d] = acc[d] * inv;
+  }
+}
+
+void visible(const AttentionArgs &a, int r, int64_t *lo, int64_t *hi) {
+  *hi = a.q_pos0 + r;
+  *lo = a.window > 0 ? std::max<int64_t>(0, *hi - a.window + 1) : 0;
+}
+
+thread_local std::vector<float> t_attn_scratch;
+
+void attention_tiled(AttnChunkFn chunk, const AttentionArgs &a, ThreadPool &pool) {
+  const int group = a.n_head / a.n_head_kv;
+  const int D = a.head_dim;
+  const size_t state_floats = size_t(group) * (D + 2);
+  const int units = a.n_rows * a.n_head_kv;
+  auto view = [&](float *base) { return AttnState{base, base + group, base + 2 * group}; };
+  if (units >= 2 * pool.n_threads()) {
+    pool.run(units, [&](int task, int) {
+      thread_local std::vector<float> buf;
+      if (buf.size() < 2 * state_floats) buf.resize(2 * state_floats);
+      const int r = task / a.n_head_kv, g = task % a.n_head_kv;
+      int64_t lo, hi;
+      visible(a, r, &lo, &hi);
+      AttnState st = view(buf.data()), part = view(buf.data() + state_floats);
+      for (int64_t c = lo / kAttnChunk; c <= hi / kAttnChunk; ++c) {
+        const int64_t c_lo = std::max(lo, c * kAttnChunk), c_hi = std::min(hi, c * kAttnChunk + kAttnChunk - 1);
+        if (c == lo / kAttnChunk) {
+          chunk(a, r, g, c_lo, c_hi, st.m, st.l, st.acc);
+        } else {
+          chunk(a, r, g, c_lo, c_hi, part.m, part.l, part.acc);
+          merge_state(st, part, group, D);
+        }
+      }
+      finish_state(st, a, r, g, group);
+    });
+    return;
+  }
+  // Few queries (decode): one task per (query, KV head, chunk), then the merges.
+  std::vector<int64_t> first(units + 1, 0);
+  for (int u = 0; u < units; ++u) {
+    int64_t lo, hi;
+    visible(a, u / a.n_head_kv, &lo, &hi);
+    first[u + 1] = first[u] + (hi / kAttnChunk - lo / kAttnChunk + 1);
+  }
+  std::vector<float> &parts = t_attn_scratch;
+  if (parts.size() < size_t(first[units]) * state_floats) parts.resize(size_t(first[units]) * state_floats);
+  pool.run(static_cast<int>(first[units]), [&](int task, int) {
+    const int u = int(std::upper_bound(first.begin(), first.end(), int64_t(task)) - first.begin()) - 1;
+    const int r = u / a.n_head_kv, g = u % a.n_head_kv;
+    int64_t lo, hi;
+    visible(a, r, &lo, &hi);
+    const int64_t c = lo / kAttnChunk + (task - first[u]);
+    const int64_t c_lo = std::max(lo, c * kAttnChunk), c_hi = std::min(hi, c * kAttnChunk + kAttnChunk - 1);
+    AttnState p = view(parts.data() + size_t(task) * state_floats);
+    chunk(a, r, g, c_lo, c_hi, p.m, p.l, p.acc);
+  });
+  pool.run(units, [&](int u, int) {
+    AttnState st = view(parts.data() + size_t(first[u]) * state_floats);
+    for (int64_t t = first[u] + 1; t < first[u + 1]; ++t) {
+      merge_state(st, view(parts.data() + size_t(t) * state_floats), group, D);
+    }
+    finish_state(st, a, u / a.n_head_kv, u % a.n_head_kv, group);
+  });
+}
+
+}  // namespace
+
+void attention(const AttentionArgs &a, ThreadPool &pool) {
+  const TierKernels *tk = tier_kernels(active_isa());
+  if (!tk || !tk->attn_chunk || a.head_dim % tk->lanes != 0) {
+    attention_generic(a, pool);
+    return;
+  }
+  attention_tiled(tk->attn_chunk, a, pool);
+}
+
+void attention_on_tier(Isa isa, const AttentionArgs &a, ThreadPool &pool) {
+  const TierKernels *tk = static_cast<int>(isa) <= static_cast<int>(best_isa()) ? tier_kernels(isa) : nullptr;
+  if (!tk || !tk->attn_chunk || a.head_dim % tk->lanes != 0) {
+    attention_generic(a, pool);
+    return;
+  }
+  attention_tiled(tk->attn_chunk, a, pool);
 }
 
 }  // namespace geist::cpu

@@ -94,6 +94,11 @@ struct AttentionArgs {
   int window;  // 0 = global
   float scale;
 };
+// On a SIMD tier: tiled with an online softmax (attn_impl.h), keys in chunks of 256
+// absolute positions merged in order; the generic tier (and head dims that are not a
+// multiple of the tier's lanes) compute the exact softmax.
 void attention(const AttentionArgs &a, ThreadPool &pool);
+// The same on a given tier (tests); the generic path where the tier cannot run.
+void attention_on_tier(Isa isa, const AttentionArgs &a, ThreadPool &pool);
 
 }  // namespace geist::cpu

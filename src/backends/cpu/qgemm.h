@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "backends/cpu/isa.h"
+#include "backends/cpu/ops.h"
 #include "quant/ggml_type.h"
 
 namespace geist::cpu {
@@ -36,9 +37,17 @@ struct GemmArgs {
 
 using GemmFn = void (*)(const GemmArgs &a, int64_t g0, int64_t g1);
 
+// Attention's partial state over keys [lo, hi] (inclusive, all visible) for query row r
+// and KV head g: m[h], l[h], acc[h][head_dim] for the n_head / n_head_kv query heads of
+// the group (attn_impl.h). head_dim must be a multiple of the tier's lanes.
+using AttnChunkFn = void (*)(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l,
+                             float *acc);
+
 struct TierKernels {
   Isa isa;
   GemmFn q8_0, q4_0, q5_0, q4_k, q5_k, q6_k;  // nullptr: not implemented on this tier
+  AttnChunkFn attn_chunk;
+  int lanes;  // f32 lanes per vector
   GemmFn for_type(quant::GgmlType t) const;
 };
 

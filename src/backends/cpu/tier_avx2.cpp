@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "backends/cpu/qgemm.h"
 
@@ -17,6 +18,7 @@ struct Avx2 {
   static constexpr int RT = 4;
   // Q8_0 is multiplied signed x signed (dp_q8 flips the stored + 128 back), so no offset.
   static constexpr int kQ8Offset = 0;
+  static constexpr int kAttnDv = 2;
 
   static I load(const uint8_t *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
   static I zero() { return _mm256_setzero_si256(); }
@@ -61,6 +63,33 @@ struct Avx2 {
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static F loadf(const float *p) { return _mm256_loadu_ps(p); }
+  static void storef(float *p, F v) { _mm256_storeu_ps(p, v); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static float hsum(F v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  // e^x to about 2 ulp (Cephes' polynomial), x clamped to [-87.3, 88.3].
+  static F exp(F x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33f)), _mm256_set1_ps(88.37f));
+    const F n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    F r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    F p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const F y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    const I e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  }
+  static float exp1(float x) { return _mm256_cvtss_f32(exp(_mm256_set1_ps(x))); }
   static void store(float *y, F v, int n) {
     if (n == 8) {
       _mm256_storeu_ps(y, v);
@@ -72,6 +101,7 @@ struct Avx2 {
   }
 };
 
+#include "backends/cpu/attn_impl.h"
 #include "backends/cpu/qgemm_impl.h"
 
 using K = Kernels<Avx2>;
@@ -83,8 +113,12 @@ void run(const GemmArgs &a, int64_t g0, int64_t g1) {
   K::gemm<T>(a, g0, g1);
 }
 
+void attn_chunk(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l, float *acc) {
+  Attn<Avx2>::chunk(a, r, g, lo, hi, m, l, acc);
+}
+
 const TierKernels kTable{Isa::Avx2,           run<GgmlType::Q8_0>, run<GgmlType::Q4_0>, run<GgmlType::Q5_0>,
-                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>};
+                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_chunk, 8};
 
 }  // namespace
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "backends/cpu/qgemm.h"
 
@@ -16,6 +17,7 @@ struct Avx512 {
   static constexpr int L = 16;
   static constexpr int RT = 8;
   static constexpr int kQ8Offset = 128;
+  static constexpr int kAttnDv = 4;
 
   static I load(const uint8_t *p) { return _mm512_loadu_si512(p); }
   static I zero() { return _mm512_setzero_si512(); }
@@ -43,6 +45,28 @@ struct Avx512 {
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F loadf(const float *p) { return _mm512_loadu_ps(p); }
+  static void storef(float *p, F v) { _mm512_storeu_ps(p, v); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static float hsum(F v) { return _mm512_reduce_add_ps(v); }
+  // e^x to about 2 ulp (Cephes' polynomial), x clamped to [-87.3, 88.3].
+  static F exp(F x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33f)), _mm512_set1_ps(88.37f));
+    const F n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    F r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    F p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    const F y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
+    const I e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+  }
+  static float exp1(float x) { return _mm_cvtss_f32(_mm512_castps512_ps128(exp(_mm512_set1_ps(x)))); }
   static void store(float *y, F v, int n) {
     if (n == 16) {
       _mm512_storeu_ps(y, v);
@@ -52,6 +76,7 @@ struct Avx512 {
   }
 };
 
+#include "backends/cpu/attn_impl.h"
 #include "backends/cpu/qgemm_impl.h"
 
 using K = Kernels<Avx512>;
@@ -63,8 +88,12 @@ void run(const GemmArgs &a, int64_t g0, int64_t g1) {
   K::gemm<T>(a, g0, g1);
 }
 
+void attn_chunk(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l, float *acc) {
+  Attn<Avx512>::chunk(a, r, g, lo, hi, m, l, acc);
+}
+
 const TierKernels kTable{Isa::Avx512,         run<GgmlType::Q8_0>, run<GgmlType::Q4_0>, run<GgmlType::Q5_0>,
-                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>};
+                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_chunk, 16};
 
 }  // namespace
 

@@ -1,0 +1,197 @@
+// Microbenchmarks of the CPU kernels (Google Benchmark). Each reports, besides time:
+//   GB/s    weight bytes streamed per second (what bounds decode), and
+//   GOP/s   multiply-adds x 2 per second (what bounds prefill),
+// and the two "peak" benchmarks measure the machine itself: read bandwidth over a buffer
+// far larger than the caches, and the int8 dot-product rate of independent VNNI (or
+// AVX2 maddubs) chains. Run: build/release/bench/kernels_bench [--benchmark_filter=...]
+// GEIST_BENCH_THREADS=N (default 2) sets the pool; docs/KERNELS.md has the numbers.
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/isa.h"
+#include "backends/cpu/ops.h"
+#include "backends/cpu/packed.h"
+#include "base/thread_pool.h"
+#include "quant/ggml_type.h"
+#include "test_util.h"
+
+namespace {
+
+using geist::ThreadPool;
+using geist::WeightView;
+using geist::quant::GgmlType;
+namespace cpu = geist::cpu;
+
+int bench_threads() {
+  const char *e = std::getenv("GEIST_BENCH_THREADS");
+  return e ? std::max(1, std::atoi(e)) : 2;
+}
+
+ThreadPool &pool() {
+  static ThreadPool p(bench_threads());
+  return p;
+}
+
+// A random matrix of n_out x K, packed for the tier in use (kept for the whole run).
+struct Matrix {
+  std::vector<uint8_t> data;
+  WeightView w;
+  cpu::PackedStore store;
+};
+
+Matrix *matrix(GgmlType t, int64_t K, int64_t N) {
+  static std::vector<std::unique_ptr<Matrix>> cache;
+  for (auto &m : cache)
+    if (m->w.type == t && m->w.n_in == K && m->w.n_out == N) return m.get();
+  auto m = std::make_unique<Matrix>();
+  std::mt19937 rng(1);
+  const size_t rb = geist::quant::row_bytes(t, K);
+  std::vector<uint8_t> row = geist::test::random_row(t, K, rng);
+  m->data.resize(rb * N);
+  for (int64_t n = 0; n < N; ++n) {
+    if (n % 64 == 0) row = geist::test::random_row(t, K, rng);
+    std::memcpy(m->data.data() + n * rb, row.data(), rb);
+  }
+  m->w = WeightView{m->data.data(), t, K, N, rb};
+  cpu::pack_weight(&m->w, &m->store);
+  cache.push_back(std::move(m));
+  return cache.back().get();
+}
+
+// args: type, K, N, rows
+void BM_Matmul(benchmark::State &st) {
+  const auto t = static_cast<GgmlType>(st.range(0));
+  const int64_t K = st.range(1), N = st.range(2);
+  const int rows = static_cast<int>(st.range(3));
+  Matrix *m = matrix(t, K, N);
+  std::vector<float> x(size_t(rows) * K), y(size_t(rows) * N);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd;
+  for (float &v : x) v = nd(rng);
+  for (auto _ : st) {
+    cpu::matmul(m->w, x.data(), y.data(), rows, pool());
+    benchmark::ClobberMemory();
+  }
+  const double bytes = double(m->data.size());
+  st.counters["GB/s"] = benchmark::Counter(bytes * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+  st.counters["GOP/s"] =
+      benchmark::Counter(2.0 * K * N * rows * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+  st.SetLabel(std::string(geist::quant::traits(t).name) + " " + cpu::isa_name(cpu::active_isa()) +
+              (m->w.packed ? " packed" : " unpacked"));
+}
+
+void matmul_args(benchmark::internal::Benchmark *b) {
+  // The default model's matrices: Q5_0 640->2048 (ffn gate/up), Q4_K / Q6_K 2048->640
+  // (ffn down), Q8_0 640->262144 (the tied output head, decode only).
+  for (int rows : {1, 16, 128, 512}) {
+    b->Args({int(GgmlType::Q5_0), 640, 2048, rows});
+    b->Args({int(GgmlType::Q4_0), 640, 2048, rows});
+    b->Args({int(GgmlType::Q8_0), 640, 2048, rows});
+    b->Args({int(GgmlType::Q4_K), 2048, 640, rows});
+    b->Args({int(GgmlType::Q5_K), 2048, 640, rows});
+    b->Args({int(GgmlType::Q6_K), 2048, 640, rows});
+  }
+  b->Args({int(GgmlType::Q8_0), 640, 262144, 1});
+  b->Args({int(GgmlType::Q6_K), 768, 262144, 1});
+}
+BENCHMARK(BM_Matmul)->Apply(matmul_args)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+// args: rows, cached positions before them, window (0 global). Gemma 3 270M geometry:
+// 4 query heads, 1 KV head, head_dim 256.
+void BM_Attention(benchmark::State &st) {
+  const int rows = int(st.range(0));
+  const int64_t depth = st.range(1);
+  const int window = int(st.range(2));
+  const int H = 4, HKV = 1, D = 256;
+  const int64_t cap = window > 0 ? window + rows : depth + rows;
+  std::vector<float> q(size_t(rows) * H * D), k(size_t(cap) * HKV * D), v(k.size()), out(q.size());
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (auto *vec : {&q, &k, &v})
+    for (float &x : *vec) x = nd(rng);
+  cpu::AttentionArgs a{q.data(), k.data(), v.data(), out.data(), rows, depth, cap, H, HKV, D, window, 0.0625f};
+  double keys = 0;
+  for (int r = 0; r < rows; ++r) {
+    const int64_t p = depth + r;
+    keys += double(window > 0 ? std::min<int64_t>(window, p + 1) : p + 1);
+  }
+  for (auto _ : st) {
+    cpu::attention(a, pool());
+    benchmark::ClobberMemory();
+  }
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(4.0 * keys * H * D * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Attention)
+    ->Args({512, 0, 512})
+    ->Args({512, 0, 0})
+    ->Args({1, 8192, 0})
+    ->Args({64, 8192, 0})
+    ->Args({1, 8192, 512})
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// Peak read bandwidth: sum a 1 GiB buffer, split over the pool's threads.
+void BM_PeakReadBandwidth(benchmark::State &st) {
+  const size_t n = size_t(1) << 27;  // 2^27 uint64 = 1 GiB
+  static std::vector<uint64_t> buf(n, 1);
+  std::vector<uint64_t> sums(64);
+  for (auto _ : st) {
+    const int T = pool().n_threads();
+    pool().run(T, [&](int task, int) {
+      const size_t lo = n / T * task, hi = n / T * (task + 1);
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      for (size_t i = lo; i < hi; i += 4) {
+        s0 += buf[i];
+        s1 += buf[i + 1];
+        s2 += buf[i + 2];
+        s3 += buf[i + 3];
+      }
+      sums[task] = s0 + s1 + s2 + s3;
+    });
+    benchmark::DoNotOptimize(sums.data());
+  }
+  st.counters["GB/s"] = benchmark::Counter(double(n) * 8 * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_PeakReadBandwidth)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// Peak int8 rate: 12 independent chains of 512-bit VNNI dot products per thread
+// (64 multiply-adds each), on registers only.
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t vnni_loop(int64_t iters) {
+  __m512i acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
+  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
+  for (int64_t it = 0; it < iters; ++it) {
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+    __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]), "+v"(acc[4]), "+v"(acc[5]));
+  }
+  int64_t s = 0;
+  for (int i = 0; i < 12; ++i) s += _mm512_reduce_add_epi32(acc[i]);
+  return s;
+}
+
+void BM_PeakInt8(benchmark::State &st) {
+  if (cpu::best_isa() != cpu::Isa::Avx512) {
+    st.SkipWithError("no AVX-512 VNNI on this CPU");
+    return;
+  }
+  const int64_t iters = 1 << 22;
+  std::vector<int64_t> out(64);
+  for (auto _ : st) {
+    pool().run(pool().n_threads(), [&](int task, int) { out[task] = vnni_loop(iters); });
+    benchmark::DoNotOptimize(out.data());
+  }
+  st.counters["GOP/s"] = benchmark::Counter(2.0 * 64 * 12 * iters * pool().n_threads() * st.iterations() / 1e9,
+                                            benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_PeakInt8)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,123 @@
+// Attention over one chunk of keys for one query row and one KV head (all the query
+// heads of its group), written once over a SIMD abstraction S (float ops: L lanes,
+// loadf/storef, fmadd, mul, sub, set1f, hsum, exp) and instantiated by each tier TU.
+// Include only from a tier TU, inside its anonymous namespace.
+//
+// Keys are walked in blocks of 16 absolute positions; for each block and head:
+// s_j = scale * q.k_j, m' = max(m, max s_j), c = exp(m - m'), l = l c + sum_j exp(s_j - m'),
+// acc = acc c + sum_j exp(s_j - m') v_j. Up to 4 heads of the group share every K and V
+// load. What a query gets depends only on its position and the keys, never on the other
+// rows of the chunk or on which thread runs it.
+
+template <class S>
+struct Attn {
+  using F = typename S::F;
+  static constexpr int L = S::L;
+  static constexpr int DV = S::kAttnDv;  // vectors of head_dim per PV step
+
+  // Scores of NH heads x 4 keys: s[h][i] = scale * q_h . k_i.
+  template <int NH>
+  static void scores4(const float *const q[], const float *const k[4], int D, float scale, float s[][16], int i0) {
+    F acc[NH][4];
+    for (int h = 0; h < NH; ++h)
+      for (int i = 0; i < 4; ++i) acc[h][i] = S::set1f(0.0f);
+    for (int d = 0; d < D; d += L) {
+      F kv[4];
+      for (int i = 0; i < 4; ++i) kv[i] = S::loadf(k[i] + d);
+      for (int h = 0; h < NH; ++h) {
+        const F qv = S::loadf(q[h] + d);
+        for (int i = 0; i < 4; ++i) acc[h][i] = S::fmadd(qv, kv[i], acc[h][i]);
+      }
+    }
+    for (int h = 0; h < NH; ++h)
+      for (int i = 0; i < 4; ++i) s[h][i0 + i] = S::hsum(acc[h][i]) * scale;
+  }
+
+  // acc_h = acc_h * c_h + sum_i p[h][i] v_i for NH heads, n keys.
+  template <int NH>
+  static void pv(float *const o[], const float c[], const float p[][16], const float *const v[16], int n, int D) {
+    for (int d0 = 0; d0 < D; d0 += L * DV) {
+      F acc[NH][DV];
+      for (int h = 0; h < NH; ++h) {
+        const F cv = S::set1f(c[h]);
+        for (int t = 0; t < DV; ++t) acc[h][t] = S::mul(S::loadf(o[h] + d0 + t * L), cv);
+      }
+      for (int i = 0; i < n; ++i) {
+        F vv[DV];
+        for (int t = 0; t < DV; ++t) vv[t] = S::loadf(v[i] + d0 + t * L);
+        for (int h = 0; h < NH; ++h) {
+          const F pb = S::set1f(p[h][i]);
+          for (int t = 0; t < DV; ++t) acc[h][t] = S::fmadd(pb, vv[t], acc[h][t]);
+        }
+      }
+      for (int h = 0; h < NH; ++h)
+        for (int t = 0; t < DV; ++t) S::storef(o[h] + d0 + t * L, acc[h][t]);
+    }
+  }
+
+  template <int NH>
+  static void heads(const AttentionArgs &a, int r, int hq0, const float *const kp[16], const float *const vp[16],
+                    int n, float *m, float *l, float *acc) {
+    const int D = a.head_dim;
+    const float *q[NH];
+    float *o[NH];
+    for (int h = 0; h < NH; ++h) {
+      q[h] = a.q + (size_t(r) * a.n_head + hq0 + h) * D;
+      o[h] = acc + size_t(h) * D;
+    }
+    alignas(64) float s[NH][16], p[NH][16];
+    for (int i = 0; i < n; i += 4) {
+      const float *k4[4];
+      for (int j = 0; j < 4; ++j) k4[j] = kp[i + j < n ? i + j : i];
+      scores4<NH>(q, k4, D, a.scale, s, i);
+    }
+    float c[NH];
+    for (int h = 0; h < NH; ++h) {
+      float mx = m[h];
+      for (int i = 0; i < n; ++i) mx = s[h][i] > mx ? s[h][i] : mx;
+      for (int i = n; i < 16; ++i) s[h][i] = mx;  // padding lanes: never used
+      for (int i = 0; i < 16; i += L) S::storef(p[h] + i, S::exp(S::sub(S::loadf(s[h] + i), S::set1f(mx))));
+      c[h] = S::exp1(m[h] - mx);
+      float sum = 0.0f;
+      for (int i = 0; i < n; ++i) sum += p[h][i];
+      l[h] = l[h] * c[h] + sum;
+      m[h] = mx;
+    }
+    pv<NH>(o, c, p, vp, n, D);
+  }
+
+  // Partial state over keys [lo, hi] (inclusive) for query row r, KV head g:
+  // m[h], l[h], acc[h][head_dim] for the group's heads h.
+  static void chunk(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l, float *acc) {
+    const int group = a.n_head / a.n_head_kv;
+    const int D = a.head_dim;
+    for (int h = 0; h < group; ++h) {
+      m[h] = -std::numeric_limits<float>::infinity();
+      l[h] = 0.0f;
+      std::fill(acc + size_t(h) * D, acc + size_t(h + 1) * D, 0.0f);
+    }
+    const size_t stride = size_t(a.n_head_kv) * D;
+    for (int64_t b0 = lo - lo % 16; b0 <= hi; b0 += 16) {
+      const int64_t k0 = std::max(lo, b0), k1 = std::min(hi, b0 + 15);
+      const int n = int(k1 - k0 + 1);
+      const float *kp[16], *vp[16];
+      int64_t slot = k0 % a.kv_cap;
+      for (int i = 0; i < n; ++i) {
+        kp[i] = a.k + size_t(slot) * stride + size_t(g) * D;
+        vp[i] = a.v + size_t(slot) * stride + size_t(g) * D;
+        if (++slot == a.kv_cap) slot = 0;
+      }
+      for (int h = 0; h < group; h += 4) {
+        const int nh = std::min(4, group - h);
+        const int hq0 = g * group + h;
+        float *mh = m + h, *lh = l + h, *ah = acc + size_t(h) * D;
+        switch (nh) {
+          case 4: heads<4>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
+          case 3: heads<3>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
+          case 2: heads<2>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
+          default: heads<1>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
+        }
+      }
+    }
+  }
+};
