@@ -339,6 +339,22 @@ TEST_F(CApi, NullArgumentsOfModelFunctions) {
   EXPECT_FAILS(geist_session_create(model_, nullptr, nullptr), GEIST_E_INVALID_ARGUMENT);
 }
 
+// The kernels' tier as the API reports it: the tier the CPU supports unless GEIST_ISA
+// lowered it, and weights repacked exactly when a SIMD tier is in use.
+TEST_F(CApi, BackendInfo) {
+  EXPECT_FAILS(geist_model_get_backend(nullptr, nullptr), GEIST_E_INVALID_ARGUMENT);
+  geist_backend_info b;
+  EXPECT_FAILS(geist_model_get_backend(model_, nullptr), GEIST_E_INVALID_ARGUMENT);
+  ASSERT_EQ(geist_model_get_backend(model_, &b), GEIST_OK);
+  const std::string isa = b.isa, best = b.isa_best;
+  EXPECT_TRUE(isa == "generic" || isa == "avx2" || isa == "avx512") << isa;
+  const char *env = std::getenv("GEIST_ISA");
+  if (!env || !*env) EXPECT_EQ(isa, best);
+  EXPECT_EQ(std::string(b.isa_detail).rfind(isa, 0), 0u) << b.isa_detail;
+  EXPECT_EQ(b.packed_bytes > 0, isa != "generic");
+  EXPECT_GE(b.repack_seconds, 0.0);
+}
+
 TEST_F(CApi, NullSessionHandle) {
   const geist_token t[2] = {10, 11};
   geist_token tok = -5;

@@ -124,6 +124,19 @@ typedef struct geist_model_info {
 /* GEIST_E_INVALID_ARGUMENT if m or out is NULL. */
 GEIST_API geist_status geist_model_get_info(const geist_model *m, geist_model_info *out);
 
+/* The CPU kernels a model runs on: the ISA tier chosen at start (CPUID + XGETBV, lowered
+ * by GEIST_ISA=generic|avx2|avx512) and the weights repacked for it at load. */
+typedef struct geist_backend_info {
+  const char *isa;         /* "avx512", "avx2" or "generic"; static storage */
+  const char *isa_detail;  /* e.g. "avx512 (F BW DQ VL VNNI BF16)"; valid while the model lives */
+  const char *isa_best;    /* the highest tier this CPU supports; static storage */
+  uint64_t packed_bytes;   /* bytes of weights repacked at load (0 on the generic tier) */
+  double repack_seconds;   /* time the repacking took (part of load_seconds) */
+} geist_backend_info;
+
+/* GEIST_E_INVALID_ARGUMENT if m or out is NULL. */
+GEIST_API geist_status geist_model_get_backend(const geist_model *m, geist_backend_info *out);
+
 /* Text to token ids. add_bos: prepend BOS if the model has one. parse_special: text like
  * "<start_of_turn>" becomes its control token; otherwise it is plain text.
  * out may be NULL when cap is 0 (size query). *n_out is always set on OK and on

@@ -92,6 +92,12 @@ class Model {
     return i;
   }
 
+  geist_backend_info backend() const {
+    geist_backend_info b{};
+    geist_model_get_backend(m_, &b);
+    return b;
+  }
+
   Error tokenize(std::string_view text, bool add_bos, bool parse_special, std::vector<geist_token> *out) const {
     size_t n = 0;
     geist_status s = geist_tokenize(m_, text.data(), text.size(), add_bos, parse_special, nullptr, 0, &n);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/isa.h"
 #include "engine/model.h"
 #include "engine/session.h"
 #include "engine/tokenizer.h"
@@ -158,6 +159,22 @@ geist_status geist_model_get_info(const geist_model *m, geist_model_info *out) {
     out->eot = model.tokenizer().vocab().eot;
     out->add_bos = model.tokenizer().vocab().add_bos && model.tokenizer().bos() >= 0 ? 1 : 0;
     out->load_seconds = model.load_seconds();
+    return GEIST_OK;
+  });
+}
+
+geist_status geist_model_get_backend(const geist_model *m, geist_backend_info *out) {
+  return guarded(nullptr, [&] {
+    GEIST_NULL_CHECK(m, nullptr);
+    GEIST_NULL_CHECK(out, nullptr);
+    static const std::string detail = geist::cpu::isa_description();
+    const geist::models::ModelInfo &i = m->model->info();
+    std::memset(out, 0, sizeof *out);
+    out->isa = geist::cpu::isa_name(geist::cpu::active_isa());
+    out->isa_detail = detail.c_str();
+    out->isa_best = geist::cpu::isa_name(geist::cpu::best_isa());
+    out->packed_bytes = i.packed_bytes;
+    out->repack_seconds = i.repack_seconds;
     return GEIST_OK;
   });
 }

@@ -193,14 +193,14 @@ void Gemma3::attention_block(const Layer &L, int il, float *h, int n, int64_t po
   float *o = ws.get(kO, size_t(n) * d);        // [n][d]
   const float *cs = ws.get(L.sliding ? kRopeL : kRopeG, 0);  // [n][head_dim/2][2], filled in forward()
 
-  cpu::rmsnorm_to(h, L.attn_norm, x, n, d, eps_);
+  cpu::rmsnorm_to(h, L.attn_norm, x, n, d, eps_, pool);
   cpu::matmul(L.attn_q, x, q, n, pool);
   cpu::matmul(L.attn_k, x, k, n, pool);
   cpu::matmul(L.attn_v, x, v, n, pool);
-  cpu::rmsnorm(q, L.attn_q_norm, int64_t(n) * n_head_, head_dim_, eps_);
-  cpu::rmsnorm(k, L.attn_k_norm, int64_t(n) * n_head_kv_, head_dim_, eps_);
-  cpu::rope_neox(q, n, int(n_head_), int(head_dim_), int(head_dim_), cs);
-  cpu::rope_neox(k, n, int(n_head_kv_), int(head_dim_), int(head_dim_), cs);
+  cpu::rmsnorm(q, L.attn_q_norm, int64_t(n) * n_head_, head_dim_, eps_, pool);
+  cpu::rmsnorm(k, L.attn_k_norm, int64_t(n) * n_head_kv_, head_dim_, eps_, pool);
+  cpu::rope_neox(q, n, int(n_head_), int(head_dim_), int(head_dim_), cs, pool);
+  cpu::rope_neox(k, n, int(n_head_kv_), int(head_dim_), int(head_dim_), cs, pool);
 
   // Append this chunk's K/V at slot (position % capacity).
   const int64_t cap = cache.capacity(il);
@@ -213,7 +213,7 @@ void Gemma3::attention_block(const Layer &L, int il, float *h, int n, int64_t po
                        int(head_dim_), L.sliding ? window_ : 0, attn_scale_};
   cpu::attention(a, pool);
   cpu::matmul(L.attn_output, att, o, n, pool);
-  cpu::rmsnorm(o, L.post_attention_norm, n, d, eps_);
+  cpu::rmsnorm(o, L.post_attention_norm, n, d, eps_, pool);
   cpu::add_inplace(h, o, int64_t(n) * d);
 }
 
@@ -224,12 +224,12 @@ void Gemma3::ffn_block(const Layer &L, float *h, int n, Workspace &ws, ThreadPoo
   float *gate = ws.get(kGate, size_t(n) * n_ff_);  // [n][n_ff]
   float *up = ws.get(kUp, size_t(n) * n_ff_);      // [n][n_ff]
   float *o = ws.get(kO, size_t(n) * d);         // [n][d]
-  cpu::rmsnorm_to(h, L.ffn_norm, x, n, d, eps_);
+  cpu::rmsnorm_to(h, L.ffn_norm, x, n, d, eps_, pool);
   cpu::matmul(L.ffn_gate, x, gate, n, pool);
   cpu::matmul(L.ffn_up, x, up, n, pool);
-  cpu::gelu_mul(gate, up, gate, int64_t(n) * n_ff_);
+  cpu::gelu_mul(gate, up, gate, int64_t(n) * n_ff_, pool);
   cpu::matmul(L.ffn_down, gate, o, n, pool);
-  cpu::rmsnorm(o, L.post_ffw_norm, n, d, eps_);
+  cpu::rmsnorm(o, L.post_ffw_norm, n, d, eps_, pool);
   cpu::add_inplace(h, o, int64_t(n) * d);
 }
 

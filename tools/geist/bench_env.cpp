@@ -11,18 +11,12 @@
 #include <fstream>
 #include <string_view>
 
-#include "base/cpu_clones.h"
 #include "base/thread_pool.h"
 #include "bench_sha256.h"
 
 namespace geist::cli {
 
 namespace {
-
-#define GEIST_BENCH_STR2(...) #__VA_ARGS__
-#define GEIST_BENCH_STR(...) GEIST_BENCH_STR2(__VA_ARGS__)
-// The attribute the kernels are compiled with (empty: one baseline build, e.g. under TSan).
-constexpr std::string_view kClones = GEIST_BENCH_STR(GEIST_CPU_CLONES);
 
 std::string cpu_model() {
   std::ifstream f("/proc/cpuinfo");
@@ -80,18 +74,6 @@ void cpu_isa(std::string *level, std::vector<std::string> *features) {
 
 // What the kernels run: the clone the ifunc resolver picks is the highest compiled level
 // the CPU supports.
-std::string isa_in_use(const std::string &level) {
-  if (kClones.find("target_clones") == std::string_view::npos)
-    return "baseline (this build has no ISA clones)";
-  std::string pick = "default";
-  if (level == "x86-64-v4" && kClones.find("x86-64-v4") != std::string_view::npos) {
-    pick = "x86-64-v4";
-  } else if ((level == "x86-64-v4" || level == "x86-64-v3") &&
-             kClones.find("x86-64-v3") != std::string_view::npos) {
-    pick = "x86-64-v3";
-  }
-  return "auto (target_clones: " + pick + ")";
-}
 
 std::string utc_now() {
   const std::time_t t = std::time(nullptr);
@@ -118,7 +100,11 @@ bench::Environment collect_environment(const std::string &command, const api::Mo
   e.cpu = cpu_model();
   e.cpu_threads = ThreadPool::hardware_threads();
   cpu_isa(&e.cpu_level, &e.cpu_features);
-  e.isa = isa_in_use(e.cpu_level);
+  {
+    const geist_backend_info b = m.backend();
+    e.isa = std::string(b.isa_detail) + ", best " + b.isa_best + ", repacked " +
+            std::to_string(b.packed_bytes >> 20) + " MiB in " + std::to_string(int(b.repack_seconds * 1000)) + " ms";
+  }
   e.threads = threads > 0 ? threads : e.cpu_threads;
   const geist_model_info info = m.info();
   e.model_path = path;

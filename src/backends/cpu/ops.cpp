@@ -285,6 +285,50 @@ void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
   }
 }
 
+namespace {
+// Splits [0, n) into about 4 ranges per thread (at least `grain` items each) and runs fn
+// on each; fn(begin, end).
+template <class Fn>
+void parallel_ranges(int64_t n, int64_t grain, ThreadPool &pool, Fn fn) {
+  const int64_t want = int64_t(pool.n_threads()) * 4;
+  const int64_t per = std::max<int64_t>(grain, (n + want - 1) / want);
+  const int tasks = static_cast<int>((n + per - 1) / per);
+  if (tasks <= 1) {
+    fn(int64_t(0), n);
+    return;
+  }
+  pool.run(tasks, [&](int t, int) { fn(t * per, std::min(n, (t + 1) * per)); });
+}
+}  // namespace
+
+void gelu_mul(const float *gate, const float *up, float *out, int64_t n, ThreadPool &pool) {
+  const TierKernels *tk = tier_kernels(active_isa());
+  auto fn = tk && tk->gelu_mul ? tk->gelu_mul : nullptr;
+  parallel_ranges(n, 4096, pool, [&](int64_t b, int64_t e) {
+    if (fn) {
+      fn(gate + b, up + b, out + b, e - b);
+    } else {
+      gelu_mul(gate + b, up + b, out + b, e - b);
+    }
+  });
+}
+
+void rmsnorm(float *x, const float *g, int64_t n_vec, int64_t dim, float eps, ThreadPool &pool) {
+  parallel_ranges(n_vec, std::max<int64_t>(1, 8192 / dim), pool,
+                  [&](int64_t b, int64_t e) { rmsnorm(x + b * dim, g, e - b, dim, eps); });
+}
+
+void rmsnorm_to(const float *x, const float *g, float *out, int64_t n_vec, int64_t dim, float eps, ThreadPool &pool) {
+  parallel_ranges(n_vec, std::max<int64_t>(1, 8192 / dim), pool,
+                  [&](int64_t b, int64_t e) { rmsnorm_to(x + b * dim, g, out + b * dim, e - b, dim, eps); });
+}
+
+void rope_neox(float *x, int n_rows, int n_heads, int head_dim, int rot_dim, const float *cs, ThreadPool &pool) {
+  parallel_ranges(n_rows, std::max(1, 8192 / (n_heads * head_dim)), pool, [&](int64_t b, int64_t e) {
+    rope_neox(x + b * n_heads * head_dim, int(e - b), n_heads, head_dim, rot_dim, cs + b * rot_dim);
+  });
+}
+
 void add_inplace(float *x, const float *y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }

@@ -51,8 +51,16 @@ void rmsnorm_to(const float *x, const float *g, float *out, int64_t n_vec, int64
 // Dimensions >= rot_dim pass through.
 void rope_neox(float *x, int n_rows, int n_heads, int head_dim, int rot_dim, const float *cs);
 
-// out[i] = gelu_tanh(gate[i]) * up[i]
+// out[i] = gelu_tanh(gate[i]) * up[i]  (generic: libm's tanh)
 void gelu_mul(const float *gate, const float *up, float *out, int64_t n);
+// The same split over the pool, on the tier in use (a vector tanh from the tier's exp).
+void gelu_mul(const float *gate, const float *up, float *out, int64_t n, ThreadPool &pool);
+
+// The pool versions of the row-wise ops: vectors (rows) split over the threads, each
+// computed exactly as by the single-threaded version, so the same bits.
+void rmsnorm(float *x, const float *g, int64_t n_vec, int64_t dim, float eps, ThreadPool &pool);
+void rmsnorm_to(const float *x, const float *g, float *out, int64_t n_vec, int64_t dim, float eps, ThreadPool &pool);
+void rope_neox(float *x, int n_rows, int n_heads, int head_dim, int rot_dim, const float *cs, ThreadPool &pool);
 
 // x[i] += y[i]
 void add_inplace(float *x, const float *y, int64_t n);

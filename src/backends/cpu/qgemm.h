@@ -47,6 +47,7 @@ struct TierKernels {
   Isa isa;
   GemmFn q8_0, q4_0, q5_0, q4_k, q5_k, q6_k;  // nullptr: not implemented on this tier
   AttnChunkFn attn_chunk;
+  void (*gelu_mul)(const float *gate, const float *up, float *out, int64_t n);
   int lanes;  // f32 lanes per vector
   GemmFn for_type(quant::GgmlType t) const;
 };

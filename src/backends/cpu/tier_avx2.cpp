@@ -61,6 +61,7 @@ struct Avx2 {
   static F cvtph(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))); }
   static F set1f(float v) { return _mm256_set1_ps(v); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm256_div_ps(a, b); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F sub(F a, F b) { return _mm256_sub_ps(a, b); }
   static F loadf(const float *p) { return _mm256_loadu_ps(p); }
@@ -102,6 +103,7 @@ struct Avx2 {
 };
 
 #include "backends/cpu/attn_impl.h"
+#include "backends/cpu/ew_impl.h"
 #include "backends/cpu/qgemm_impl.h"
 
 using K = Kernels<Avx2>;
@@ -117,8 +119,12 @@ void attn_chunk(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, fl
   Attn<Avx2>::chunk(a, r, g, lo, hi, m, l, acc);
 }
 
+void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
+  Elementwise<Avx2>::gelu_mul(gate, up, out, n);
+}
+
 const TierKernels kTable{Isa::Avx2,           run<GgmlType::Q8_0>, run<GgmlType::Q4_0>, run<GgmlType::Q5_0>,
-                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_chunk, 8};
+                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_chunk, gelu_mul, 8};
 
 }  // namespace
 

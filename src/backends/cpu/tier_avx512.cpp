@@ -43,6 +43,7 @@ struct Avx512 {
   static F cvtph(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))); }
   static F set1f(float v) { return _mm512_set1_ps(v); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F div(F a, F b) { return _mm512_div_ps(a, b); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
   static F loadf(const float *p) { return _mm512_loadu_ps(p); }
@@ -77,6 +78,7 @@ struct Avx512 {
 };
 
 #include "backends/cpu/attn_impl.h"
+#include "backends/cpu/ew_impl.h"
 #include "backends/cpu/qgemm_impl.h"
 
 using K = Kernels<Avx512>;
@@ -92,8 +94,12 @@ void attn_chunk(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, fl
   Attn<Avx512>::chunk(a, r, g, lo, hi, m, l, acc);
 }
 
+void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
+  Elementwise<Avx512>::gelu_mul(gate, up, out, n);
+}
+
 const TierKernels kTable{Isa::Avx512,         run<GgmlType::Q8_0>, run<GgmlType::Q4_0>, run<GgmlType::Q5_0>,
-                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_chunk, 16};
+                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_chunk, gelu_mul, 16};
 
 }  // namespace
 

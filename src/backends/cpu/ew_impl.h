@@ -1,0 +1,32 @@
+// Elementwise kernels over a SIMD abstraction S (float ops and exp), instantiated by each
+// tier TU. Include only from a tier TU, inside its anonymous namespace.
+
+template <class S>
+struct Elementwise {
+  using F = typename S::F;
+  static constexpr int L = S::L;
+
+  // out = gelu_tanh(g) * up, tanh(u) = 1 - 2 / (e^{2u} + 1) with the tier's exp (absolute
+  // error about 1e-7 against libm's tanh; exp's clamp makes it exactly +-1 far out).
+  static F gelu(F g, F up) {
+    const F k = S::set1f(0.7978845608028654f), c = S::set1f(0.044715f), one = S::set1f(1.0f);
+    const F u = S::mul(k, S::fmadd(S::mul(c, g), S::mul(g, g), g));
+    const F e = S::exp(S::add(u, u));
+    const F t = S::sub(one, S::div(S::set1f(2.0f), S::add(e, one)));
+    return S::mul(S::mul(S::mul(S::set1f(0.5f), g), S::add(one, t)), up);
+  }
+
+  static void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
+    int64_t i = 0;
+    for (; i + L <= n; i += L) S::storef(out + i, gelu(S::loadf(gate + i), S::loadf(up + i)));
+    if (i < n) {  // tail through a padded vector: the same arithmetic as full vectors
+      alignas(64) float g[L] = {}, u[L] = {}, o[L];
+      for (int64_t j = i; j < n; ++j) {
+        g[j - i] = gate[j];
+        u[j - i] = up[j];
+      }
+      S::storef(o, gelu(S::loadf(g), S::loadf(u)));
+      for (int64_t j = i; j < n; ++j) out[j] = o[j - i];
+    }
+  }
+};
