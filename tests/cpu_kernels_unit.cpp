@@ -4,6 +4,8 @@
 // and 2 threads. Tiers the CPU lacks are skipped with the reason.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -134,6 +136,86 @@ TEST(CpuIsa, ParseAndNames) {
   EXPECT_EQ(i, Isa::Generic);
   EXPECT_FALSE(parse_isa("sse9", &i));
   EXPECT_STREQ(isa_name(Isa::Avx512), "avx512");
+}
+
+}  // namespace
+}  // namespace geist::cpu
+
+namespace geist::cpu {
+namespace {
+
+bool tier_missing(Isa isa) { return static_cast<int>(isa) > static_cast<int>(best_isa()); }
+
+// Attention on a tier against the generic exact softmax (tolerance: the tier's exp and
+// FMA), and batch invariance on the tier: the rows of a chunk computed all at once, one at
+// a time (the decode path, which splits key chunks over threads), and on 1 or 2 threads,
+// are the same bits. Ring buffers of sliding layers wrap.
+class CpuAttention : public ::testing::TestWithParam<Isa> {};
+
+TEST_P(CpuAttention, MatchesGenericAndIsBatchInvariant) {
+  const Isa isa = GetParam();
+  if (tier_missing(isa)) GEIST_SKIP(std::string("this CPU has no ") + isa_name(isa) + " tier");
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  struct Geo {
+    int n_head, n_kv, hd, window;
+    int64_t depth;
+  };
+  const Geo geos[] = {{4, 1, 256, 0, 300}, {4, 1, 256, 64, 300}, {8, 2, 64, 0, 0}, {6, 2, 32, 16, 40},
+                      {1, 1, 16, 0, 700}};
+  ThreadPool pool1(1), pool2(2);
+  for (const Geo &G : geos) {
+    for (int rows : {1, 2, 3, 7, 17, 33, 65}) {
+      SCOPED_TRACE("heads " + std::to_string(G.n_head) + "/" + std::to_string(G.n_kv) + " hd " +
+                   std::to_string(G.hd) + " window " + std::to_string(G.window) + " depth " +
+                   std::to_string(G.depth) + " rows " + std::to_string(rows));
+      const int64_t cap = G.window > 0 ? G.window + rows : G.depth + rows;
+      std::vector<float> q(size_t(rows) * G.n_head * G.hd), k(size_t(cap) * G.n_kv * G.hd), v(k.size());
+      for (auto *vec : {&q, &k, &v})
+        for (float &x : *vec) x = nd(rng);
+      std::vector<float> ref(q.size()), all(q.size()), all1(q.size()), one(q.size());
+      AttentionArgs a{q.data(), k.data(), v.data(), ref.data(), rows, G.depth, cap,
+                      G.n_head, G.n_kv, G.hd, G.window, 1.0f / std::sqrt(float(G.hd))};
+      attention_on_tier(Isa::Generic, a, pool2);
+      a.out = all.data();
+      attention_on_tier(isa, a, pool2);
+      a.out = all1.data();
+      attention_on_tier(isa, a, pool1);
+      for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(all[i], ref[i], 2e-5f * (1.0f + std::fabs(ref[i])));
+      ASSERT_EQ(0, std::memcmp(all.data(), all1.data(), all.size() * sizeof(float))) << "1 vs 2 threads";
+      for (int r = 0; r < rows; ++r) {  // row by row, as decode does
+        AttentionArgs b = a;
+        b.q = q.data() + size_t(r) * G.n_head * G.hd;
+        b.out = one.data() + size_t(r) * G.n_head * G.hd;
+        b.n_rows = 1;
+        b.q_pos0 = G.depth + r;
+        attention_on_tier(isa, b, pool2);
+      }
+      ASSERT_EQ(0, std::memcmp(all.data(), one.data(), all.size() * sizeof(float))) << "chunk vs row by row";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, CpuAttention, ::testing::Values(Isa::Avx2, Isa::Avx512),
+                         [](const auto &info) { return std::string(isa_name(info.param)); });
+
+// The pool's gelu on the tier in use against libm's tanh, over lengths with every tail.
+TEST(CpuElementwise, GeluOnTheTierInUseMatchesGeneric) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  ThreadPool pool(2);
+  for (int64_t n : {1, 7, 15, 16, 17, 33, 1000, 20000}) {
+    std::vector<float> g(n), u(n), ref(n), got(n);
+    for (int64_t i = 0; i < n; ++i) {
+      g[i] = nd(rng);
+      u[i] = nd(rng);
+    }
+    g[0] = 30.0f;
+    if (n > 1) g[1] = -30.0f;
+    gelu_mul(g.data(), u.data(), ref.data(), n);
+    gelu_mul(g.data(), u.data(), got.data(), n, pool);
+    for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(got[i], ref[i], 2e-6f * (1.0f + std::fabs(ref[i]))) << i;
+  }
 }
 
 }  // namespace

@@ -141,8 +141,9 @@ Status Gemma3::load(const gguf::GgufFile &f) {
   // head (tied), the head's packed copy is separate and the embedding rows fault back in
   // as tokens are seen.
   const double t_pack = now_seconds();
+  ThreadPool pack_pool(ThreadPool::hardware_threads());
   auto pack = [&](WeightView &w) {
-    if (cpu::pack_weight(&w, &packed_)) f.release_pages(w.data, w.row_bytes * size_t(w.n_out));
+    if (cpu::pack_weight(&w, &packed_, &pack_pool)) f.release_pages(w.data, w.row_bytes * size_t(w.n_out));
   };
   pack(output_);
   for (Layer &L : layers_) {

@@ -33,26 +33,35 @@ struct Attn {
       for (int i = 0; i < 4; ++i) s[h][i0 + i] = S::hsum(acc[h][i]) * scale;
   }
 
-  // acc_h = acc_h * c_h + sum_i p[h][i] v_i for NH heads, n keys.
-  template <int NH>
-  static void pv(float *const o[], const float c[], const float p[][16], const float *const v[16], int n, int D) {
-    for (int d0 = 0; d0 < D; d0 += L * DV) {
-      F acc[NH][DV];
+  // acc_h = acc_h * c_h + sum_i p[h][i] v_i for NH heads, n keys, over head_dim columns
+  // [d_begin, d_end) in steps of W vectors.
+  template <int NH, int W>
+  static int pv_cols(float *const o[], const float c[], const float p[][16], const float *const v[16], int n,
+                     int d_begin, int d_end) {
+    int d0 = d_begin;
+    for (; d0 + L * W <= d_end; d0 += L * W) {
+      F acc[NH][W];
       for (int h = 0; h < NH; ++h) {
         const F cv = S::set1f(c[h]);
-        for (int t = 0; t < DV; ++t) acc[h][t] = S::mul(S::loadf(o[h] + d0 + t * L), cv);
+        for (int t = 0; t < W; ++t) acc[h][t] = S::mul(S::loadf(o[h] + d0 + t * L), cv);
       }
       for (int i = 0; i < n; ++i) {
-        F vv[DV];
-        for (int t = 0; t < DV; ++t) vv[t] = S::loadf(v[i] + d0 + t * L);
+        F vv[W];
+        for (int t = 0; t < W; ++t) vv[t] = S::loadf(v[i] + d0 + t * L);
         for (int h = 0; h < NH; ++h) {
           const F pb = S::set1f(p[h][i]);
-          for (int t = 0; t < DV; ++t) acc[h][t] = S::fmadd(pb, vv[t], acc[h][t]);
+          for (int t = 0; t < W; ++t) acc[h][t] = S::fmadd(pb, vv[t], acc[h][t]);
         }
       }
       for (int h = 0; h < NH; ++h)
-        for (int t = 0; t < DV; ++t) S::storef(o[h] + d0 + t * L, acc[h][t]);
+        for (int t = 0; t < W; ++t) S::storef(o[h] + d0 + t * L, acc[h][t]);
     }
+    return d0;
+  }
+  template <int NH>
+  static void pv(float *const o[], const float c[], const float p[][16], const float *const v[16], int n, int D) {
+    const int d = pv_cols<NH, DV>(o, c, p, v, n, 0, D);
+    pv_cols<NH, 1>(o, c, p, v, n, d, D);  // head_dim not a multiple of DV vectors
   }
 
   template <int NH>

@@ -254,16 +254,25 @@ uint8_t *PackedStore::allocate(size_t bytes) {
   return static_cast<uint8_t *>(p);
 }
 
-bool pack_weight(WeightView *w, PackedStore *store) {
+bool pack_weight(WeightView *w, PackedStore *store, ThreadPool *pool) {
   const TierKernels *tk = tier_kernels(active_isa());
   if (!tk || !tk->for_type(w->type) || w->packed) return false;
   const size_t gb = packed_group_bytes(w->type, w->n_in);
   if (gb == 0) return false;
   const int64_t n_groups = (w->n_out + kPackRows - 1) / kPackRows;
   uint8_t *dst = store->allocate(gb * static_cast<size_t>(n_groups));
-  for (int64_t g = 0; g < n_groups; ++g) {
-    const int rows = static_cast<int>(std::min<int64_t>(kPackRows, w->n_out - g * kPackRows));
-    pack_group(w->type, w->row(g * kPackRows), w->row_bytes, rows, w->n_in, dst + g * gb);
+  auto pack_range = [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const int rows = static_cast<int>(std::min<int64_t>(kPackRows, w->n_out - g * kPackRows));
+      pack_group(w->type, w->row(g * kPackRows), w->row_bytes, rows, w->n_in, dst + g * gb);
+    }
+  };
+  if (pool && pool->n_threads() > 1 && n_groups > 1) {
+    const int64_t per = std::max<int64_t>(1, n_groups / (int64_t(pool->n_threads()) * 4));
+    const int tasks = static_cast<int>((n_groups + per - 1) / per);
+    pool->run(tasks, [&](int t, int) { pack_range(t * per, std::min(n_groups, (t + 1) * per)); });
+  } else {
+    pack_range(0, n_groups);
   }
   w->packed = dst;
   w->group_bytes = gb;

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "backends/weight.h"
+#include "base/thread_pool.h"
 #include "quant/ggml_type.h"
 
 namespace geist::cpu {
@@ -66,7 +67,8 @@ class PackedStore {
 
 // If the tier in use has a packed kernel for w's type and shape, packs w into `store` and
 // sets w->packed and w->group_bytes (w->data keeps pointing at the original, which the
-// caller may then release from memory). Returns whether it packed.
-bool pack_weight(WeightView *w, PackedStore *store);
+// caller may then release from memory). Returns whether it packed. pool: groups are
+// packed in parallel on it (nullptr: on the caller).
+bool pack_weight(WeightView *w, PackedStore *store, ThreadPool *pool = nullptr);
 
 }  // namespace geist::cpu

@@ -206,14 +206,21 @@ struct Kernels {
     }
   }
 
+  // Rows in blocks of kRowBlock (their activations stay in L1/L2 while the task's weight
+  // groups stream past), each block in tiles of RT rows and a narrower tail tile.
+  static constexpr int kRowBlock = 64;
+
   template <quant::GgmlType T>
   static void gemm(const GemmArgs &a, int64_t g0, int64_t g1) {
     constexpr int RT = S::RT;
-    for (int64_t g = g0; g < g1; ++g) {
-      for (int h = 0; h < 16 / L; ++h) {
-        int r0 = 0;
-        for (; r0 + RT <= a.n_rows; r0 += RT) tile<T, RT>(a, g, r0, h);
-        if (r0 < a.n_rows) tail<T, RT - 1>(a, g, r0, h, a.n_rows - r0);
+    for (int rb = 0; rb < a.n_rows; rb += kRowBlock) {
+      const int re = std::min(a.n_rows, rb + kRowBlock);
+      for (int64_t g = g0; g < g1; ++g) {
+        for (int h = 0; h < 16 / L; ++h) {
+          int r0 = rb;
+          for (; r0 + RT <= re; r0 += RT) tile<T, RT>(a, g, r0, h);
+          if (r0 < re) tail<T, RT - 1>(a, g, r0, h, re - r0);
+        }
       }
     }
   }
