@@ -12,6 +12,13 @@ python3 scripts/fetch_model.py >/dev/null
 cmake --preset release >/dev/null
 cmake --build --preset release -j"$jobs"
 ctest --preset release -j"$jobs"
+# The lower ISA tiers end to end (the release run above used the best one this CPU has):
+# batch invariance of sessions, the C ABI and the kernels' own tests on each.
+for isa in generic avx2; do
+  echo "test.sh: GEIST_ISA=$isa"
+  GEIST_ISA=$isa ctest --test-dir build/release -R '^(SessionPinInt|Snapshot|CApi|Tiers/|CpuIsa|CpuElementwise|CpuOps)' \
+    -j"$jobs" --output-on-failure
+done
 
 if [ "${GEIST_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake -S . -B build/asan-ubsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \

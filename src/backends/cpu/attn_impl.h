@@ -1,6 +1,6 @@
 // Attention over one chunk of keys for one query row and one KV head (all the query
 // heads of its group), written once over a SIMD abstraction S (float ops: L lanes,
-// loadf/storef, fmadd, mul, sub, set1f, hsum, exp) and instantiated by each tier TU.
+// loadf/storef, fmadd, mul, sub, set1f, hsum4, exp) and instantiated by each tier TU.
 // Include only from a tier TU, inside its anonymous namespace.
 //
 // Keys are walked in blocks of 16 absolute positions; for each block and head:
@@ -29,8 +29,7 @@ struct Attn {
         for (int i = 0; i < 4; ++i) acc[h][i] = S::fmadd(qv, kv[i], acc[h][i]);
       }
     }
-    for (int h = 0; h < NH; ++h)
-      for (int i = 0; i < 4; ++i) s[h][i0 + i] = S::hsum(acc[h][i]) * scale;
+    for (int h = 0; h < NH; ++h) S::hsum4(acc[h][0], acc[h][1], acc[h][2], acc[h][3], scale, s[h] + i0);
   }
 
   // acc_h = acc_h * c_h + sum_i p[h][i] v_i for NH heads, n keys, over head_dim columns

@@ -24,8 +24,10 @@ void set_activation_mode(ActivationMode m);
 ActivationMode activation_mode();
 
 // y[r][n] = sum_k W[n][k] * x[r][k].  x: [n_rows][w.n_in], y: [n_rows][w.n_out].
-// Weights are dequantized a row at a time into per-thread scratch, never copied whole.
-// Only the types with a reference dequantizer are accepted (checked at model load).
+// A weight repacked at load (w.packed) runs the tier's packed kernel (qgemm.h); otherwise
+// the generic path dequantizes or unpacks a row at a time into per-thread scratch. Both
+// give the same bits. Only the types with a reference dequantizer are accepted (checked
+// at model load).
 void matmul(const WeightView &w, const float *x, float *y, int n_rows, ThreadPool &pool);
 
 // Same for a subset of output rows of the weight: y[r][n - n_begin] for n in [n_begin, n_end).

@@ -73,6 +73,15 @@ struct Avx2 {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
+  // out[i] = scale * (sum of the lanes of v_i), i = 0..3, by a transpose-and-add tree.
+  static void hsum4(F a, F b, F c, F d, float scale, float *out) {
+    const F t0 = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+    const F t1 = _mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+    const F t2 = _mm256_add_ps(_mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm256_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps(t2, 1));
+    _mm_storeu_ps(out, _mm_mul_ps(t4, _mm_set1_ps(scale)));
+  }
   // e^x to about 2 ulp (Cephes' polynomial), x clamped to [-87.3, 88.3].
   static F exp(F x) {
     x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33f)), _mm256_set1_ps(88.37f));

@@ -50,6 +50,16 @@ struct Avx512 {
   static void storef(float *p, F v) { _mm512_storeu_ps(p, v); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static float hsum(F v) { return _mm512_reduce_add_ps(v); }
+  // out[i] = scale * (sum of the lanes of v_i), i = 0..3, by a transpose-and-add tree.
+  static void hsum4(F a, F b, F c, F d, float scale, float *out) {
+    const F t0 = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    const F t1 = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    const F t2 = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(1, 0, 1, 0)),
+                               _mm512_shuffle_ps(t0, t1, _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 t3 = _mm256_add_ps(_mm512_castps512_ps256(t2), _mm512_extractf32x8_ps(t2, 1));
+    const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t3), _mm256_extractf128_ps(t3, 1));
+    _mm_storeu_ps(out, _mm_mul_ps(t4, _mm_set1_ps(scale)));
+  }
   // e^x to about 2 ulp (Cephes' polynomial), x clamped to [-87.3, 88.3].
   static F exp(F x) {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33f)), _mm512_set1_ps(88.37f));
