@@ -220,3 +220,49 @@ TEST(CpuElementwise, GeluOnTheTierInUseMatchesGeneric) {
 
 }  // namespace
 }  // namespace geist::cpu
+
+namespace geist::cpu {
+namespace {
+
+// Q, K, V (and gate, up) run as one fused call with the input quantized once: the same
+// bits as one matmul each, on the tier in use, also for a mix of Q5_0 and Q8_0.
+TEST(CpuKernelsFused, SharedInputEqualsSeparateMatmuls) {
+  std::mt19937 rng(9);
+  const int64_t K = 640;
+  const GgmlType types[] = {GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_0};
+  const int64_t outs[] = {64, 48, 40};
+  std::vector<std::vector<uint8_t>> data(3);
+  PackedStore store;
+  WeightView w[3];
+  for (int m = 0; m < 3; ++m) {
+    const size_t rb = quant::row_bytes(types[m], K);
+    for (int64_t n = 0; n < outs[m]; ++n) {
+      std::vector<uint8_t> row = test::random_row(types[m], K, rng);
+      data[m].insert(data[m].end(), row.begin(), row.end());
+    }
+    w[m] = WeightView{data[m].data(), types[m], K, outs[m], rb};
+    pack_weight(&w[m], &store);
+  }
+  ThreadPool pool(2);
+  std::normal_distribution<float> nd;
+  for (int rows : {1, 9, 33}) {
+    std::vector<float> x(size_t(rows) * K);
+    for (float &v : x) v = nd(rng);
+    std::vector<float> sep[3], fused[3];
+    float *ys[3];
+    const WeightView *ws[3] = {&w[0], &w[1], &w[2]};
+    for (int m = 0; m < 3; ++m) {
+      sep[m].resize(size_t(rows) * outs[m]);
+      fused[m].resize(size_t(rows) * outs[m]);
+      matmul(w[m], x.data(), sep[m].data(), rows, pool);
+      ys[m] = fused[m].data();
+    }
+    matmul_shared_input(ws, 3, x.data(), ys, rows, pool);
+    for (int m = 0; m < 3; ++m) {
+      ASSERT_EQ(0, std::memcmp(sep[m].data(), fused[m].data(), sep[m].size() * sizeof(float))) << m << " " << rows;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace geist::cpu

@@ -195,9 +195,11 @@ void Gemma3::attention_block(const Layer &L, int il, float *h, int n, int64_t po
   const float *cs = ws.get(L.sliding ? kRopeL : kRopeG, 0);  // [n][head_dim/2][2], filled in forward()
 
   cpu::rmsnorm_to(h, L.attn_norm, x, n, d, eps_, pool);
-  cpu::matmul(L.attn_q, x, q, n, pool);
-  cpu::matmul(L.attn_k, x, k, n, pool);
-  cpu::matmul(L.attn_v, x, v, n, pool);
+  {
+    const WeightView *ws[] = {&L.attn_q, &L.attn_k, &L.attn_v};
+    float *ys[] = {q, k, v};
+    cpu::matmul_shared_input(ws, 3, x, ys, n, pool);
+  }
   cpu::rmsnorm(q, L.attn_q_norm, int64_t(n) * n_head_, head_dim_, eps_, pool);
   cpu::rmsnorm(k, L.attn_k_norm, int64_t(n) * n_head_kv_, head_dim_, eps_, pool);
   cpu::rope_neox(q, n, int(n_head_), int(head_dim_), int(head_dim_), cs, pool);
@@ -226,8 +228,11 @@ void Gemma3::ffn_block(const Layer &L, float *h, int n, Workspace &ws, ThreadPoo
   float *up = ws.get(kUp, size_t(n) * n_ff_);      // [n][n_ff]
   float *o = ws.get(kO, size_t(n) * d);         // [n][d]
   cpu::rmsnorm_to(h, L.ffn_norm, x, n, d, eps_, pool);
-  cpu::matmul(L.ffn_gate, x, gate, n, pool);
-  cpu::matmul(L.ffn_up, x, up, n, pool);
+  {
+    const WeightView *ws[] = {&L.ffn_gate, &L.ffn_up};
+    float *ys[] = {gate, up};
+    cpu::matmul_shared_input(ws, 2, x, ys, n, pool);
+  }
   cpu::gelu_mul(gate, up, gate, int64_t(n) * n_ff_, pool);
   cpu::matmul(L.ffn_down, gate, o, n, pool);
   cpu::rmsnorm(o, L.post_ffw_norm, n, d, eps_, pool);

@@ -104,9 +104,13 @@ thread_local ActBuffers t_acts;
 
 // The packed path: activations quantized per row (parallel over rows), then the tier's
 // kernel over groups of 16 weight rows (parallel over groups; every group sees all rows).
-void matmul_packed(GemmFn fn, const WeightView &w, const float *x, float *y, int n_rows, ThreadPool &pool) {
-  const quant::ActFormat af = quant::act_format(w.type);
-  const int64_t K = w.n_in;
+// The packed path for n_mat matrices that read the same input x (Q, K, V; gate, up): the
+// activations are quantized once per row (parallel over rows), then one pool run covers
+// every matrix's groups of 16 weight rows (every group sees all rows).
+void matmul_packed(const GemmFn *fns, const WeightView *const *ws, int n_mat, const float *x, float *const *ys,
+                   int n_rows, ThreadPool &pool) {
+  const quant::ActFormat af = quant::act_format(ws[0]->type);
+  const int64_t K = ws[0]->n_in;
   const int64_t nd = K / quant::act_block(af);
   ActBuffers &ab = t_acts;
   const size_t nr = static_cast<size_t>(n_rows);
@@ -126,25 +130,40 @@ void matmul_packed(GemmFn fn, const WeightView &w, const float *x, float *y, int
     }
     for (int64_t b = 0; b < K / 32; ++b) s32[b] = static_cast<int16_t>(s16[2 * b] + s16[2 * b + 1]);
   });
-  GemmArgs a;
-  a.w = w.packed;
-  a.group_bytes = w.group_bytes;
-  a.K = K;
-  a.n_out = w.n_out;
-  a.xq = ab.q.data();
-  a.xd = ab.d.data();
-  a.xs32 = ab.s32.data();
-  a.xs16 = ab.s16.data();
-  a.n_rows = n_rows;
-  a.y = y;
-  a.ldy = w.n_out;
-  const int64_t n_groups = (w.n_out + kPackRows - 1) / kPackRows;
-  const int64_t per = std::max<int64_t>(1, n_groups / (int64_t(pool.n_threads()) * 8));
-  const int n_tasks = static_cast<int>((n_groups + per - 1) / per);
-  pool.run(n_tasks, [&](int task, int) {
-    const int64_t g0 = task * per;
-    fn(a, g0, std::min(n_groups, g0 + per));
+  constexpr int kMaxMat = 4;
+  GemmArgs args[kMaxMat];
+  int64_t task0[kMaxMat + 1] = {0}, per[kMaxMat] = {};
+  for (int m = 0; m < n_mat; ++m) {
+    const WeightView &w = *ws[m];
+    GemmArgs &a = args[m];
+    a.w = w.packed;
+    a.group_bytes = w.group_bytes;
+    a.K = K;
+    a.n_out = w.n_out;
+    a.xq = ab.q.data();
+    a.xd = ab.d.data();
+    a.xs32 = ab.s32.data();
+    a.xs16 = ab.s16.data();
+    a.n_rows = n_rows;
+    a.y = ys[m];
+    a.ldy = w.n_out;
+    const int64_t n_groups = (w.n_out + kPackRows - 1) / kPackRows;
+    per[m] = std::max<int64_t>(1, n_groups / (int64_t(pool.n_threads()) * 8));
+    task0[m + 1] = task0[m] + (n_groups + per[m] - 1) / per[m];
+  }
+  pool.run(static_cast<int>(task0[n_mat]), [&](int task, int) {
+    int m = 0;
+    while (task >= task0[m + 1]) ++m;
+    const int64_t n_groups = (ws[m]->n_out + kPackRows - 1) / kPackRows;
+    const int64_t g0 = (task - task0[m]) * per[m];
+    fns[m](args[m], g0, std::min(n_groups, g0 + per[m]));
   });
+}
+
+GemmFn packed_fn(const WeightView &w, Isa isa) {
+  if (!w.packed) return nullptr;
+  const TierKernels *tk = tier_kernels(isa);
+  return tk ? tk->for_type(w.type) : nullptr;
 }
 
 }  // namespace
@@ -156,12 +175,11 @@ void matmul_range(const WeightView &w, const float *x, float *y, int n_rows, int
     matmul_f32_act(w, x, y, n_rows, n_begin, n_end, pool);
     return;
   }
-  if (w.packed && n_begin == 0 && n_end == w.n_out) {
-    if (const TierKernels *tk = tier_kernels(active_isa())) {
-      if (GemmFn fn = tk->for_type(w.type)) {
-        matmul_packed(fn, w, x, y, n_rows, pool);
-        return;
-      }
+  if (n_begin == 0 && n_end == w.n_out) {
+    if (GemmFn fn = packed_fn(w, active_isa())) {
+      const WeightView *wp = &w;
+      matmul_packed(&fn, &wp, 1, x, &y, n_rows, pool);
+      return;
     }
   }
   const int64_t K = w.n_in;
@@ -193,12 +211,28 @@ void matmul_range(const WeightView &w, const float *x, float *y, int n_rows, int
 }
 
 bool matmul_on_tier(Isa isa, const WeightView &w, const float *x, float *y, int n_rows, ThreadPool &pool) {
-  if (!w.packed || static_cast<int>(isa) > static_cast<int>(best_isa())) return false;
-  const TierKernels *tk = tier_kernels(isa);
-  GemmFn fn = tk ? tk->for_type(w.type) : nullptr;
+  if (static_cast<int>(isa) > static_cast<int>(best_isa())) return false;
+  GemmFn fn = packed_fn(w, isa);
   if (!fn) return false;
-  matmul_packed(fn, w, x, y, n_rows, pool);
+  const WeightView *wp = &w;
+  matmul_packed(&fn, &wp, 1, x, &y, n_rows, pool);
   return true;
+}
+
+void matmul_shared_input(const WeightView *const *ws, int n_mat, const float *x, float *const *ys, int n_rows,
+                         ThreadPool &pool) {
+  GemmFn fns[4];
+  bool fused = n_mat >= 1 && n_mat <= 4 && activation_mode() == ActivationMode::Q8;
+  for (int m = 0; fused && m < n_mat; ++m) {
+    fns[m] = packed_fn(*ws[m], active_isa());
+    fused = fns[m] != nullptr && ws[m]->n_in == ws[0]->n_in &&
+            quant::act_format(ws[m]->type) == quant::act_format(ws[0]->type);
+  }
+  if (!fused) {
+    for (int m = 0; m < n_mat; ++m) matmul(*ws[m], x, ys[m], n_rows, pool);
+    return;
+  }
+  matmul_packed(fns, ws, n_mat, x, ys, n_rows, pool);
 }
 
 void matmul(const WeightView &w, const float *x, float *y, int n_rows, ThreadPool &pool) {

@@ -34,6 +34,12 @@ void matmul(const WeightView &w, const float *x, float *y, int n_rows, ThreadPoo
 void matmul_range(const WeightView &w, const float *x, float *y, int n_rows, int64_t n_begin,
                   int64_t n_end, ThreadPool &pool);
 
+// ys[m] = W_m x for up to 4 matrices reading the same x (Q, K, V; gate, up): when all are
+// packed with the same activation format, x is quantized once and one pool run covers
+// them all; otherwise one matmul each. The same bits either way.
+void matmul_shared_input(const WeightView *const *ws, int n_mat, const float *x, float *const *ys, int n_rows,
+                         ThreadPool &pool);
+
 // The packed path of one SIMD tier, for tests and microbenchmarks: w.packed must be set
 // (packed.h). Returns false, doing nothing, if the tier has no kernel for w.type or the
 // CPU lacks the tier.
