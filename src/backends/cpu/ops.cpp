@@ -511,14 +511,7 @@ void attention_tiled(AttnChunkFn chunk, const AttentionArgs &a, ThreadPool &pool
 
 }  // namespace
 
-void attention(const AttentionArgs &a, ThreadPool &pool) {
-  const TierKernels *tk = tier_kernels(active_isa());
-  if (!tk || !tk->attn_chunk || a.head_dim % tk->lanes != 0) {
-    attention_generic(a, pool);
-    return;
-  }
-  attention_tiled(tk->attn_chunk, a, pool);
-}
+void attention(const AttentionArgs &a, ThreadPool &pool) { attention_on_tier(active_isa(), a, pool); }
 
 void attention_on_tier(Isa isa, const AttentionArgs &a, ThreadPool &pool) {
   const TierKernels *tk = static_cast<int>(isa) <= static_cast<int>(best_isa()) ? tier_kernels(isa) : nullptr;

@@ -38,20 +38,26 @@ struct Kernels {
   static constexpr int offset() {
     return T == quant::GgmlType::Q8_0 ? S::kQ8Offset : T == quant::GgmlType::Q4_0 ? 8 : 16;
   }
+  // Weight vector of k-group j of a 32-element chunk of nibble vectors at q (packed.h),
+  // lanes of half h; masks: the chunk's 8 fifth-bit masks (Q5_0, Q5_K), nullptr if none.
+  static I nibbles(const uint8_t *q, const uint8_t *masks, int j, int h) {
+    const I v = S::load(q + 64 * (j & 3) + 32 * h);
+    I w = j < 4 ? S::nib_lo(v) : S::nib_hi(v);
+    if (masks) {
+      uint64_t m;
+      std::memcpy(&m, masks + 8 * j, 8);
+      w = S::add_bit4(w, m >> (32 * h));
+    }
+    return w;
+  }
+
   // Weight vector of k-group j of a block, lanes of half h.
   template <quant::GgmlType T>
   static I wvec(const uint8_t *q, int j, int h) {
     if constexpr (T == quant::GgmlType::Q8_0) {
       return S::load(q + 64 * j + 32 * h);
     } else {
-      const I v = S::load(q + 64 * (j & 3) + 32 * h);
-      I w = j < 4 ? S::nib_lo(v) : S::nib_hi(v);
-      if constexpr (T == quant::GgmlType::Q5_0) {
-        uint64_t m;
-        std::memcpy(&m, q + 256 + 8 * j, 8);
-        w = S::add_bit4(w, m >> (32 * h));
-      }
-      return w;
+      return nibbles(q, T == quant::GgmlType::Q5_0 ? q + 256 : nullptr, j, h);
     }
   }
 
@@ -104,13 +110,7 @@ struct Kernels {
         I p[R];
         for (int r = 0; r < R; ++r) p[r] = S::zero();
         for (int j = 0; j < 8; ++j) {
-          const I v = S::load(q + 64 * (j & 3) + 32 * h);
-          I w = j < 4 ? S::nib_lo(v) : S::nib_hi(v);
-          if constexpr (q5) {
-            uint64_t m;
-            std::memcpy(&m, o + 2048 + 64 * t + 8 * j, 8);
-            w = S::add_bit4(w, m >> (32 * h));
-          }
+          const I w = nibbles(q, q5 ? o + 2048 + 64 * t : nullptr, j, h);
           for (int r = 0; r < R; ++r) p[r] = S::dp(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * t + 4 * j));
         }
         const I sc = S::load_u8_i32(o + off + 16 * t + L * h);

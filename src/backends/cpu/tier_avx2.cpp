@@ -11,6 +11,8 @@
 namespace geist::cpu {
 namespace {
 
+#include "backends/cpu/simd_math_impl.h"
+
 struct Avx2 {
   using I = __m256i;
   using F = __m256;
@@ -67,12 +69,6 @@ struct Avx2 {
   static F loadf(const float *p) { return _mm256_loadu_ps(p); }
   static void storef(float *p, F v) { _mm256_storeu_ps(p, v); }
   static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
-  static float hsum(F v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-  }
   // out[i] = scale * (sum of the lanes of v_i), i = 0..3, by a transpose-and-add tree.
   static void hsum4(F a, F b, F c, F d, float scale, float *out) {
     const F t0 = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
@@ -82,23 +78,15 @@ struct Avx2 {
     const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t2), _mm256_extractf128_ps(t2, 1));
     _mm_storeu_ps(out, _mm_mul_ps(t4, _mm_set1_ps(scale)));
   }
-  // e^x to about 2 ulp (Cephes' polynomial), x clamped to [-87.3, 88.3].
-  static F exp(F x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33f)), _mm256_set1_ps(88.37f));
-    const F n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    F r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    F p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    const F y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
-    const I e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  static F fmin(F a, F b) { return _mm256_min_ps(a, b); }
+  static F fmax(F a, F b) { return _mm256_max_ps(a, b); }
+  static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+  static F round(F v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // 2^n for integral n in [-126, 127].
+  static F pow2i(F n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
   }
+  static F exp(F x) { return exp_poly<Avx2>(x); }
   static float exp1(float x) { return _mm256_cvtss_f32(exp(_mm256_set1_ps(x))); }
   static void store(float *y, F v, int n) {
     if (n == 8) {

@@ -11,6 +11,8 @@
 namespace geist::cpu {
 namespace {
 
+#include "backends/cpu/simd_math_impl.h"
+
 struct Avx512 {
   using I = __m512i;
   using F = __m512;
@@ -49,7 +51,6 @@ struct Avx512 {
   static F loadf(const float *p) { return _mm512_loadu_ps(p); }
   static void storef(float *p, F v) { _mm512_storeu_ps(p, v); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
-  static float hsum(F v) { return _mm512_reduce_add_ps(v); }
   // out[i] = scale * (sum of the lanes of v_i), i = 0..3, by a transpose-and-add tree.
   static void hsum4(F a, F b, F c, F d, float scale, float *out) {
     const F t0 = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
@@ -60,23 +61,15 @@ struct Avx512 {
     const __m128 t4 = _mm_add_ps(_mm256_castps256_ps128(t3), _mm256_extractf128_ps(t3, 1));
     _mm_storeu_ps(out, _mm_mul_ps(t4, _mm_set1_ps(scale)));
   }
-  // e^x to about 2 ulp (Cephes' polynomial), x clamped to [-87.3, 88.3].
-  static F exp(F x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33f)), _mm512_set1_ps(88.37f));
-    const F n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    F r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    F p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    const F y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), _mm512_set1_ps(1.0f));
-    const I e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+  static F fmin(F a, F b) { return _mm512_min_ps(a, b); }
+  static F fmax(F a, F b) { return _mm512_max_ps(a, b); }
+  static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+  static F round(F v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  // 2^n for integral n in [-126, 127].
+  static F pow2i(F n) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
   }
+  static F exp(F x) { return exp_poly<Avx512>(x); }
   static float exp1(float x) { return _mm_cvtss_f32(_mm512_castps512_ps128(exp(_mm512_set1_ps(x)))); }
   static void store(float *y, F v, int n) {
     if (n == 16) {
