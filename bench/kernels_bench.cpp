@@ -83,7 +83,7 @@ void BM_Matmul(benchmark::State &st) {
   st.counters["GOP/s"] =
       benchmark::Counter(2.0 * K * N * rows * st.iterations() / 1e9, benchmark::Counter::kIsRate);
   st.SetLabel(std::string(geist::quant::traits(t).name) + " " + cpu::isa_name(cpu::active_isa()) +
-              (m->w.packed ? " packed" : " unpacked"));
+              (m->w.packed ? " packed" : ""));
 }
 
 void matmul_args(benchmark::internal::Benchmark *b) {
@@ -97,7 +97,13 @@ void matmul_args(benchmark::internal::Benchmark *b) {
     b->Args({int(GgmlType::Q5_K), 2048, 640, rows});
     b->Args({int(GgmlType::Q6_K), 2048, 640, rows});
   }
+  for (int rows : {1, 16, 128}) {  // float weights (tiny test models, F16/BF16 GGUFs)
+    b->Args({int(GgmlType::F32), 640, 2048, rows});
+    b->Args({int(GgmlType::F16), 640, 2048, rows});
+    b->Args({int(GgmlType::BF16), 640, 2048, rows});
+  }
   b->Args({int(GgmlType::Q8_0), 640, 262144, 1});
+  b->Args({int(GgmlType::F16), 640, 262144, 1});
   b->Args({int(GgmlType::Q6_K), 768, 262144, 1});
 }
 BENCHMARK(BM_Matmul)->Apply(matmul_args)->UseRealTime()->Unit(benchmark::kMicrosecond);

@@ -1,4 +1,4 @@
-// Every SIMD tier's packed quantized matmul against the generic path (the oracle), bit
+// Every SIMD tier's matmul (packed quantized, and float weights) against the generic path (the oracle), bit
 // for bit: every packed weight type, ragged weight-row counts (n_out % 16 != 0) and the
 // activation row counts where tile sizes change (1, 2, 3, 7, 15, 16, 17, ... 511), on 1
 // and 2 threads. Tiers the CPU lacks are skipped with the reason.
@@ -17,6 +17,7 @@
 #include "backends/cpu/qgemm.h"
 #include "base/thread_pool.h"
 #include "quant/ggml_type.h"
+#include "quant/quant.h"
 #include "test_util.h"
 
 namespace geist::cpu {
@@ -45,6 +46,7 @@ TEST_P(CpuKernels, PackedEqualsGenericBitForBit) {
   std::mt19937 rng(77 + static_cast<int>(c.type) * 131 + int(c.K) + int(c.N));
   const size_t rb = quant::row_bytes(c.type, c.K);
   std::vector<uint8_t> data(rb * c.N);
+  const bool is_float = c.type == GgmlType::F32 || c.type == GgmlType::F16 || c.type == GgmlType::BF16;
   for (int64_t n = 0; n < c.N; ++n) {
     std::vector<uint8_t> row = test::random_row(c.type, c.K, rng);
     std::memcpy(data.data() + n * rb, row.data(), rb);
@@ -55,17 +57,20 @@ TEST_P(CpuKernels, PackedEqualsGenericBitForBit) {
   w.n_in = c.K;
   w.n_out = c.N;
   w.row_bytes = rb;
-  WeightView wp = w;
-  const size_t gb = packed_group_bytes(c.type, c.K);
-  ASSERT_GT(gb, 0u);
-  const int64_t n_groups = (c.N + 15) / 16;
-  std::vector<uint8_t, std::allocator<uint8_t>> packed(gb * n_groups + 64);
-  uint8_t *base = packed.data() + (64 - reinterpret_cast<uintptr_t>(packed.data()) % 64) % 64;
-  for (int64_t g = 0; g < n_groups; ++g) {
-    pack_group(c.type, w.row(g * 16), rb, int(std::min<int64_t>(16, c.N - g * 16)), c.K, base + g * gb);
+  WeightView wp = w;  // float weights run unpacked
+  std::vector<uint8_t> packed;
+  if (!is_float) {
+    const size_t gb = packed_group_bytes(c.type, c.K);
+    ASSERT_GT(gb, 0u);
+    const int64_t n_groups = (c.N + 15) / 16;
+    packed.resize(gb * n_groups + 64);
+    uint8_t *base = packed.data() + (64 - reinterpret_cast<uintptr_t>(packed.data()) % 64) % 64;
+    for (int64_t g = 0; g < n_groups; ++g) {
+      pack_group(c.type, w.row(g * 16), rb, int(std::min<int64_t>(16, c.N - g * 16)), c.K, base + g * gb);
+    }
+    wp.packed = base;
+    wp.group_bytes = gb;
   }
-  wp.packed = base;
-  wp.group_bytes = gb;
 
   const int max_rows = kRowCounts[std::size(kRowCounts) - 1];
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -79,7 +84,7 @@ TEST_P(CpuKernels, PackedEqualsGenericBitForBit) {
   std::vector<float> ref(size_t(max_rows) * c.N), got(size_t(max_rows) * c.N + 1);
   for (int rows : kRowCounts) {
     SCOPED_TRACE("rows " + std::to_string(rows));
-    matmul(w, x.data(), ref.data(), rows, pool1);  // generic: w has no packed copy
+    matmul_generic(w, x.data(), ref.data(), rows, pool1);
     for (ThreadPool *pool : {&pool1, &pool2}) {
       std::fill(got.begin(), got.end(), -7.0f);
       const uint64_t calls = tier_calls(isa);
@@ -96,6 +101,9 @@ const Case kCases[] = {
     {GgmlType::Q8_0, 640, 40},  {GgmlType::Q8_0, 96, 16},   {GgmlType::Q4_0, 640, 33}, {GgmlType::Q5_0, 640, 40},
     {GgmlType::Q5_0, 32, 1},    {GgmlType::Q4_K, 1024, 40}, {GgmlType::Q4_K, 256, 17}, {GgmlType::Q5_K, 512, 40},
     {GgmlType::Q6_K, 2048, 24}, {GgmlType::Q6_K, 256, 7},
+    // Float weights: K with and without a tail of K % 16, weight-row tails of the 4- and 2-row tiles.
+    {GgmlType::F32, 640, 19},   {GgmlType::F32, 37, 5},     {GgmlType::F16, 640, 18},  {GgmlType::F16, 100, 7},
+    {GgmlType::BF16, 256, 17},  {GgmlType::BF16, 9, 3},
 };
 
 INSTANTIATE_TEST_SUITE_P(Tiers, CpuKernels,
@@ -109,7 +117,9 @@ INSTANTIATE_TEST_SUITE_P(Tiers, CpuKernels,
 // matmul on a packed weight really runs that tier's kernel.
 TEST(CpuIsa, ActiveTierRuns) {
   const char *env = std::getenv("GEIST_ISA");
-  if (!env || !*env) EXPECT_EQ(active_isa(), best_isa());
+  if (!env || !*env) {
+    EXPECT_EQ(active_isa(), best_isa());
+  }
   std::printf("tier: %s (best %s)\n", isa_description().c_str(), isa_name(best_isa()));
   if (active_isa() == Isa::Generic) {
     GEIST_SKIP("generic tier: no packed kernels to check");

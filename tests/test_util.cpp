@@ -1,5 +1,6 @@
 #include "test_util.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -30,6 +31,23 @@ namespace geist::test {
 
 std::vector<uint8_t> random_row(quant::GgmlType t, int64_t k, std::mt19937 &rng) {
   using quant::GgmlType;
+  if (t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_int_distribution<int> ex(-20, 6);
+    std::vector<uint8_t> row(quant::row_bytes(t, k));
+    for (int64_t i = 0; i < k; ++i) {
+      const float v = std::ldexp(nd(rng), ex(rng));
+      if (t == GgmlType::F32) {
+        std::memcpy(row.data() + 4 * i, &v, 4);
+      } else {
+        uint32_t bits;
+        std::memcpy(&bits, &v, 4);
+        const uint16_t h = t == GgmlType::F16 ? quant::fp32_to_fp16(v) : static_cast<uint16_t>(bits >> 16);
+        std::memcpy(row.data() + 2 * i, &h, 2);
+      }
+    }
+    return row;
+  }
   const quant::TypeTraits &tt = quant::traits(t);
   std::vector<uint8_t> row(quant::row_bytes(t, k));
   for (auto &b : row) b = static_cast<uint8_t>(rng());

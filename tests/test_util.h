@@ -22,7 +22,8 @@ std::string default_model_path();
 std::vector<uint8_t> read_file(const std::string &path);
 
 // Random but valid weight blocks of type t for a row of k elements: random bytes with
-// every f16 scale field set to a small finite value.
+// every f16 scale field set to a small finite value. Float types (F32, F16, BF16): normal
+// values over a wide range of magnitudes (subnormal halves included), no NaN or inf.
 std::vector<uint8_t> random_row(quant::GgmlType t, int64_t k, std::mt19937 &rng);
 
 }  // namespace geist::test

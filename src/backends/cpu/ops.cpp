@@ -50,9 +50,44 @@ thread_local std::vector<float> t_dequant_row;
 
 namespace {
 
+bool is_float_type(quant::GgmlType t) {
+  return t == quant::GgmlType::F32 || t == quant::GgmlType::F16 || t == quant::GgmlType::BF16;
+}
+
+FloatGemmFn float_fn(const WeightView &w, Isa isa) {
+  if (!is_float_type(w.type)) return nullptr;
+  const TierKernels *tk = tier_kernels(isa);
+  return tk ? tk->float_for_type(w.type) : nullptr;
+}
+
+// Float weights on a tier's kernel (fgemm_impl.h): the same split over output rows and
+// the same arithmetic as matmul_f32_act below.
+void matmul_float(FloatGemmFn fn, const WeightView &w, const float *x, float *y, int n_rows, int64_t n_begin,
+                  int64_t n_end, ThreadPool &pool) {
+  FloatGemmArgs a;
+  a.w = static_cast<const uint8_t *>(w.data);
+  a.row_bytes = w.row_bytes;
+  a.K = w.n_in;
+  a.x = x;
+  a.n_rows = n_rows;
+  a.y = y;
+  a.ldy = n_end - n_begin;
+  a.n_begin = n_begin;
+  const int64_t per = rows_per_task(n_end - n_begin, pool.n_threads());
+  const int n_tasks = static_cast<int>((n_end - n_begin + per - 1) / per);
+  pool.run(n_tasks, [&](int task, int) {
+    const int64_t c0 = n_begin + task * per;
+    fn(a, c0, std::min(n_end, c0 + per));
+  });
+}
+
 // Weights whose type has no integer form: dequantize a row to f32, dot with f32 rows.
 void matmul_f32_act(const WeightView &w, const float *x, float *y, int n_rows, int64_t n_begin, int64_t n_end,
-                    ThreadPool &pool) {
+                    ThreadPool &pool, Isa isa) {
+  if (FloatGemmFn fn = float_fn(w, isa)) {
+    matmul_float(fn, w, x, y, n_rows, n_begin, n_end, pool);
+    return;
+  }
   const int64_t K = w.n_in;
   const int64_t n_cols = n_end - n_begin;
   const int64_t per = rows_per_task(n_cols, pool.n_threads());
@@ -166,17 +201,16 @@ GemmFn packed_fn(const WeightView &w, Isa isa) {
   return tk ? tk->for_type(w.type) : nullptr;
 }
 
-}  // namespace
-
-void matmul_range(const WeightView &w, const float *x, float *y, int n_rows, int64_t n_begin,
-                  int64_t n_end, ThreadPool &pool) {
+// isa: the tier whose kernels may run (Generic: none).
+void matmul_impl(const WeightView &w, const float *x, float *y, int n_rows, int64_t n_begin, int64_t n_end,
+                 ThreadPool &pool, Isa isa) {
   const quant::ActFormat af = quant::act_format(w.type);
   if (af == quant::ActFormat::F32 || activation_mode() == ActivationMode::F32) {
-    matmul_f32_act(w, x, y, n_rows, n_begin, n_end, pool);
+    matmul_f32_act(w, x, y, n_rows, n_begin, n_end, pool, isa);
     return;
   }
   if (n_begin == 0 && n_end == w.n_out) {
-    if (GemmFn fn = packed_fn(w, active_isa())) {
+    if (GemmFn fn = packed_fn(w, isa)) {
       const WeightView *wp = &w;
       matmul_packed(&fn, &wp, 1, x, &y, n_rows, pool);
       return;
@@ -210,8 +244,23 @@ void matmul_range(const WeightView &w, const float *x, float *y, int n_rows, int
   });
 }
 
+}  // namespace
+
+void matmul_range(const WeightView &w, const float *x, float *y, int n_rows, int64_t n_begin,
+                  int64_t n_end, ThreadPool &pool) {
+  matmul_impl(w, x, y, n_rows, n_begin, n_end, pool, active_isa());
+}
+
+void matmul_generic(const WeightView &w, const float *x, float *y, int n_rows, ThreadPool &pool) {
+  matmul_impl(w, x, y, n_rows, 0, w.n_out, pool, Isa::Generic);
+}
+
 bool matmul_on_tier(Isa isa, const WeightView &w, const float *x, float *y, int n_rows, ThreadPool &pool) {
   if (static_cast<int>(isa) > static_cast<int>(best_isa())) return false;
+  if (FloatGemmFn ffn = float_fn(w, isa)) {
+    matmul_float(ffn, w, x, y, n_rows, 0, w.n_out, pool);
+    return true;
+  }
   GemmFn fn = packed_fn(w, isa);
   if (!fn) return false;
   const WeightView *wp = &w;

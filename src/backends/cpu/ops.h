@@ -24,9 +24,9 @@ void set_activation_mode(ActivationMode m);
 ActivationMode activation_mode();
 
 // y[r][n] = sum_k W[n][k] * x[r][k].  x: [n_rows][w.n_in], y: [n_rows][w.n_out].
-// A weight repacked at load (w.packed) runs the tier's packed kernel (qgemm.h); otherwise
-// the generic path dequantizes or unpacks a row at a time into per-thread scratch. Both
-// give the same bits. Only the types with a reference dequantizer are accepted (checked
+// A weight repacked at load (w.packed) runs the tier's packed kernel (qgemm.h), F32/F16/
+// BF16 weights the tier's float kernel (fgemm_impl.h); otherwise the generic path
+// dequantizes or unpacks a row at a time into per-thread scratch. All give the same bits. Only the types with a reference dequantizer are accepted (checked
 // at model load).
 void matmul(const WeightView &w, const float *x, float *y, int n_rows, ThreadPool &pool);
 
@@ -40,9 +40,12 @@ void matmul_range(const WeightView &w, const float *x, float *y, int n_rows, int
 void matmul_shared_input(const WeightView *const *ws, int n_mat, const float *x, float *const *ys, int n_rows,
                          ThreadPool &pool);
 
-// The packed path of one SIMD tier, for tests and microbenchmarks: w.packed must be set
-// (packed.h). Returns false, doing nothing, if the tier has no kernel for w.type or the
-// CPU lacks the tier.
+// The generic path (the oracle) whatever the tier in use, for tests and benchmarks.
+void matmul_generic(const WeightView &w, const float *x, float *y, int n_rows, ThreadPool &pool);
+
+// The path of one SIMD tier, for tests and microbenchmarks: the float kernel for F32, F16
+// and BF16 weights, else the packed kernel (w.packed must be set, packed.h). Returns
+// false, doing nothing, if the tier has no kernel for w.type or the CPU lacks the tier.
 bool matmul_on_tier(Isa isa, const WeightView &w, const float *x, float *y, int n_rows, ThreadPool &pool);
 
 // out[r] = W[ids[r]] (one dequantized row of the table per id) * scale. out: [n][w.n_in].

@@ -19,6 +19,15 @@ GemmFn TierKernels::for_type(quant::GgmlType t) const {
   }
 }
 
+FloatGemmFn TierKernels::float_for_type(quant::GgmlType t) const {
+  switch (t) {
+    case quant::GgmlType::F32: return f32;
+    case quant::GgmlType::F16: return f16;
+    case quant::GgmlType::BF16: return bf16;
+    default: return nullptr;
+  }
+}
+
 const TierKernels *tier_kernels(Isa isa) {
 #if defined(__x86_64__)
   if (isa == Isa::Avx512) return tier_kernels_avx512();

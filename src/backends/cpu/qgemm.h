@@ -37,6 +37,22 @@ struct GemmArgs {
 
 using GemmFn = void (*)(const GemmArgs &a, int64_t g0, int64_t g1);
 
+// Float weights (F32, F16, BF16; rows of row_bytes, unpacked) times f32 activations
+// x [n_rows][K]: y[r * ldy + (n - n_begin)] for weight rows n in the call's [n0, n1), with
+// the generic dot_f32's arithmetic (fgemm_impl.h).
+struct FloatGemmArgs {
+  const uint8_t *w = nullptr;
+  size_t row_bytes = 0;
+  int64_t K = 0;
+  const float *x = nullptr;
+  int n_rows = 0;
+  float *y = nullptr;
+  int64_t ldy = 0;
+  int64_t n_begin = 0;
+};
+
+using FloatGemmFn = void (*)(const FloatGemmArgs &a, int64_t n0, int64_t n1);
+
 // Attention's partial state over keys [lo, hi] (inclusive, all visible) for query row r
 // and KV head g: m[h], l[h], acc[h][head_dim] for the n_head / n_head_kv query heads of
 // the group (attn_impl.h). head_dim must be a multiple of the tier's lanes.
@@ -49,7 +65,9 @@ struct TierKernels {
   AttnChunkFn attn_chunk;
   void (*gelu_mul)(const float *gate, const float *up, float *out, int64_t n);
   int lanes;  // f32 lanes per vector
+  FloatGemmFn f32, f16, bf16;
   GemmFn for_type(quant::GgmlType t) const;
+  FloatGemmFn float_for_type(quant::GgmlType t) const;
 };
 
 // The kernels of a tier (nullptr for generic, which has no packed path, or for a tier

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "backends/cpu/qgemm.h"
+#include "quant/quant.h"
 
 namespace geist::cpu {
 namespace {
@@ -21,6 +22,8 @@ struct Avx2 {
   // Q8_0 is multiplied signed x signed (dp_q8 flips the stored + 128 back), so no offset.
   static constexpr int kQ8Offset = 0;
   static constexpr int kAttnDv = 2;
+  static constexpr int kFloatWT = 2;  // float GEMM tile: 2 weight rows x 3 activation rows
+  static constexpr int kFloatRT = 3;
 
   static I load(const uint8_t *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
   static I zero() { return _mm256_setzero_si256(); }
@@ -61,6 +64,18 @@ struct Avx2 {
   static F fzero() { return _mm256_setzero_ps(); }
   static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
   static F cvtph(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))); }
+  static F cvtbf16(const uint8_t *p) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p))), 16));
+  }
+  // The 16 lanes of v[0] (lanes 0-7) and v[1] (8-15) summed as the tree l += l + 8,
+  // l += l + 4, l += l + 2, l += l + 1.
+  static float hsum16(const F *v) {
+    const __m256 t = _mm256_add_ps(v[0], v[1]);
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    u = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+  }
   static F set1f(float v) { return _mm256_set1_ps(v); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static F div(F a, F b) { return _mm256_div_ps(a, b); }
@@ -101,6 +116,7 @@ struct Avx2 {
 
 #include "backends/cpu/attn_impl.h"
 #include "backends/cpu/ew_impl.h"
+#include "backends/cpu/fgemm_impl.h"
 #include "backends/cpu/qgemm_impl.h"
 
 using K = Kernels<Avx2>;
@@ -112,6 +128,12 @@ void run(const GemmArgs &a, int64_t g0, int64_t g1) {
   K::gemm<T>(a, g0, g1);
 }
 
+template <GgmlType T>
+void run_float(const FloatGemmArgs &a, int64_t n0, int64_t n1) {
+  count_tier_call(Isa::Avx2);
+  FloatGemm<Avx2>::gemm<T>(a, n0, n1);
+}
+
 void attn_chunk(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l, float *acc) {
   Attn<Avx2>::chunk(a, r, g, lo, hi, m, l, acc);
 }
@@ -121,7 +143,8 @@ void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
 }
 
 const TierKernels kTable{Isa::Avx2,           run<GgmlType::Q8_0>, run<GgmlType::Q4_0>, run<GgmlType::Q5_0>,
-                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_chunk, gelu_mul, 8};
+                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_chunk, gelu_mul, 8,
+                         run_float<GgmlType::F32>, run_float<GgmlType::F16>, run_float<GgmlType::BF16>};
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "backends/cpu/qgemm.h"
+#include "quant/quant.h"
 
 namespace geist::cpu {
 namespace {
@@ -20,6 +21,8 @@ struct Avx512 {
   static constexpr int RT = 8;
   static constexpr int kQ8Offset = 128;
   static constexpr int kAttnDv = 4;
+  static constexpr int kFloatWT = 4;  // float GEMM tile: 4 weight rows x 4 activation rows
+  static constexpr int kFloatRT = 4;
 
   static I load(const uint8_t *p) { return _mm512_loadu_si512(p); }
   static I zero() { return _mm512_setzero_si512(); }
@@ -43,6 +46,17 @@ struct Avx512 {
   static F fzero() { return _mm512_setzero_ps(); }
   static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
   static F cvtph(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))); }
+  static F cvtbf16(const uint8_t *p) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(p))), 16));
+  }
+  // The 16 lanes of v[0] summed as the tree l += l + 8, l += l + 4, l += l + 2, l += l + 1.
+  static float hsum16(const F *v) {
+    const __m256 t = _mm256_add_ps(_mm512_castps512_ps256(v[0]), _mm512_extractf32x8_ps(v[0], 1));
+    __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    u = _mm_add_ps(u, _mm_movehl_ps(u, u));
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+  }
   static F set1f(float v) { return _mm512_set1_ps(v); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static F div(F a, F b) { return _mm512_div_ps(a, b); }
@@ -82,6 +96,7 @@ struct Avx512 {
 
 #include "backends/cpu/attn_impl.h"
 #include "backends/cpu/ew_impl.h"
+#include "backends/cpu/fgemm_impl.h"
 #include "backends/cpu/qgemm_impl.h"
 
 using K = Kernels<Avx512>;
@@ -93,6 +108,12 @@ void run(const GemmArgs &a, int64_t g0, int64_t g1) {
   K::gemm<T>(a, g0, g1);
 }
 
+template <GgmlType T>
+void run_float(const FloatGemmArgs &a, int64_t n0, int64_t n1) {
+  count_tier_call(Isa::Avx512);
+  FloatGemm<Avx512>::gemm<T>(a, n0, n1);
+}
+
 void attn_chunk(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l, float *acc) {
   Attn<Avx512>::chunk(a, r, g, lo, hi, m, l, acc);
 }
@@ -102,7 +123,8 @@ void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
 }
 
 const TierKernels kTable{Isa::Avx512,         run<GgmlType::Q8_0>, run<GgmlType::Q4_0>, run<GgmlType::Q5_0>,
-                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_chunk, gelu_mul, 16};
+                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_chunk, gelu_mul, 16,
+                         run_float<GgmlType::F32>, run_float<GgmlType::F16>, run_float<GgmlType::BF16>};
 
 }  // namespace
 
