@@ -80,11 +80,14 @@ Utf8Step utf8_step(const uint8_t *p, size_t n, size_t *len) {
 // Construction
 
 Result<Tokenizer> Tokenizer::create(Vocab v) {
-  if (v.model != "llama") {
+  if (v.model != "llama" && v.model != "gemma4") {
     return GEIST_ERROR(GEIST_E_UNSUPPORTED,
                        "tokenizer model '%s' is not supported (supported: 'llama' = "
-                       "SentencePiece-style)",
+                       "SentencePiece-style, 'gemma4' = Gemma 4 BPE)",
                        v.model.c_str());
+  }
+  if (v.model == "gemma4" && v.merges.empty()) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT, "tokenizer: a 'gemma4' vocabulary needs tokenizer.ggml.merges");
   }
   const size_t n = v.tokens.size();
   if (n == 0) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "tokenizer: the vocabulary is empty");
@@ -126,6 +129,18 @@ Result<Tokenizer> Tokenizer::create(Vocab v) {
 
 Status Tokenizer::build() {
   const int32_t n = n_vocab();
+  bpe_ = vocab_.model == "gemma4";
+  if (bpe_) {
+    merge_rank_.reserve(vocab_.merges.size());
+    for (size_t r = 0; r < vocab_.merges.size(); ++r) {
+      const std::string &m = vocab_.merges[r];
+      // "left right", split at the first space after the first character (§7.4)
+      if (m.size() < 3 || m.find(' ', 1) == std::string::npos) {
+        return GEIST_ERROR(GEIST_E_BAD_FORMAT, "tokenizer: merge %zu ('%s') is not 'left right'", r, m.c_str());
+      }
+      merge_rank_.emplace(m, static_cast<int32_t>(r));  // a duplicate keeps its first rank
+    }
+  }
   // Hash table, load factor <= 0.5. Later duplicates overwrite earlier ones (llama.cpp).
   uint64_t cap = 16;
   while (cap < 2 * static_cast<uint64_t>(n)) cap *= 2;
@@ -366,6 +381,13 @@ Status Tokenizer::encode_spm(std::string_view raw, std::vector<int32_t> *out) co
     const uint32_t size = l.n + r.n;  // neighbours are adjacent in the text
     const int32_t id = lookup(std::string_view(text.data() + l.off, size));
     if (id < 0) return;
+    if (bpe_) {  // only listed merges, lowest rank first
+      const int32_t rank = merge_rank(std::string_view(text.data() + l.off, l.n),
+                                      std::string_view(text.data() + r.off, r.n));
+      if (rank < 0) return;
+      heap.push({-static_cast<float>(rank), left, right, size});
+      return;
+    }
     heap.push({vocab_.scores[id], left, right, size});
   };
   for (size_t i = 1; i < sym.size(); ++i) {
@@ -410,6 +432,32 @@ Status Tokenizer::encode_spm(std::string_view raw, std::vector<int32_t> *out) co
   return Status::ok();
 }
 
+int32_t Tokenizer::merge_rank(std::string_view left, std::string_view right) const {
+  thread_local std::string key;
+  key.assign(left);
+  key.push_back(' ');
+  key.append(right);
+  auto it = merge_rank_.find(key);
+  return it == merge_rank_.end() ? -1 : it->second;
+}
+
+Status Tokenizer::encode_gemma4(std::string_view raw, std::vector<int32_t> *out) const {
+  for (size_t at = 0; at < raw.size();) {
+    const bool nl = raw[at] == '\n';
+    size_t end = at;
+    while (end < raw.size() && (raw[end] == '\n') == nl) ++end;
+    const std::string_view chunk = raw.substr(at, end - at);
+    const int32_t whole = nl ? lookup(chunk) : -1;
+    if (whole >= 0) {
+      out->push_back(whole);
+    } else {
+      GEIST_RETURN_IF_ERROR(encode_spm(chunk, out));
+    }
+    at = end;
+  }
+  return Status::ok();
+}
+
 Status Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special,
                          std::vector<int32_t> *out) const {
   if (out == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "tokenizer: out is null");
@@ -437,7 +485,7 @@ Status Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special
       prefixed.append(raw);
       raw = prefixed;
     }
-    GEIST_RETURN_IF_ERROR(encode_spm(raw, &ids));
+    GEIST_RETURN_IF_ERROR(bpe_ ? encode_gemma4(raw, &ids) : encode_spm(raw, &ids));
     prev_special = false;
   }
   if (add_bos && vocab_.add_eos && vocab_.eos >= 0) ids.push_back(vocab_.eos);

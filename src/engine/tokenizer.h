@@ -1,6 +1,9 @@
 // Tokenizer: text <-> token ids for the vocabularies stored in GGUF files.
 // Supported: SentencePiece-style score merging (`tokenizer.ggml.model = "llama"`, Gemma 3 /
-// 3n), behaving like llama.cpp's SPM tokenizer (see docs/model-spec.md §7.2-7.3, 7.6, 7.9).
+// 3n), behaving like llama.cpp's SPM tokenizer (see docs/model-spec.md §7.2-7.3, 7.6, 7.9),
+// and Gemma 4's rank-merge BPE over raw UTF-8 (`"gemma4"`, §7.4): spaces as '▁', the text
+// pre-split into runs of newlines and runs of anything else, the pair with the lowest
+// merge rank merged first (ties: leftmost), byte fallback, BOS always added.
 //
 // A Tokenizer is immutable after creation and safe to use from many threads at once.
 // It owns a copy of the vocabulary (it does not borrow from the GGUF mapping).
@@ -10,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "base/status.h"
@@ -104,7 +108,11 @@ class Tokenizer {
     uint32_t begin, end;
   };
   void partition(std::string_view text, bool parse_special, std::vector<Fragment> *out) const;
+  // Merge one raw fragment: by score (SPM) or, when bpe_, by merge rank.
   Status encode_spm(std::string_view raw, std::vector<int32_t> *out) const;
+  // Gemma 4: newline runs split off; a newline run that is a token is emitted whole.
+  Status encode_gemma4(std::string_view raw, std::vector<int32_t> *out) const;
+  int32_t merge_rank(std::string_view left, std::string_view right) const;  // -1: no merge
 
   Vocab vocab_;
   // Open-addressing hash table over vocab_.tokens: [capacity] token id or -1, plus the
@@ -115,6 +123,8 @@ class Tokenizer {
   uint64_t slot_mask_ = 0;
   int32_t byte_token_[256] = {};  // byte -> <0xXX> token (or 1-char token, or unk, or -1)
   std::vector<int32_t> eog_ids_;
+  bool bpe_ = false;                                     // "gemma4": merges by rank
+  std::unordered_map<std::string, int32_t> merge_rank_;  // "left right" -> rank
 
   // Trie over the texts of CONTROL / UNKNOWN / USER_DEFINED tokens for the partition.
   // Edges keyed by (node << 8 | byte). A node's token is the special token whose text ends

@@ -63,12 +63,13 @@ Result<Tokenizer> Tokenizer::from_gguf(const GgufFile &f) {
   if (const Value *pre = f.find("tokenizer.ggml.pre")) {
     if (auto s = pre->as_string()) v.pre = std::string(*s);
   }
-  if (v.model != "llama") {
+  if (v.model != "llama" && v.model != "gemma4") {
     return GEIST_ERROR(GEIST_E_UNSUPPORTED,
                        "tokenizer model '%s' is not supported (supported: 'llama' = "
-                       "SentencePiece-style)",
+                       "SentencePiece-style, 'gemma4' = Gemma 4 BPE)",
                        v.model.c_str());
   }
+  const bool gemma4 = v.model == "gemma4";
 
   GEIST_ASSIGN_OR_RETURN(const Value *tokens, find_array(f, "tokenizer.ggml.tokens", UINT64_MAX));
   if (tokens->elem_type != ValueType::STRING) {
@@ -122,7 +123,12 @@ Result<Tokenizer> Tokenizer::from_gguf(const GgufFile &f) {
   v.unk = 0;
   v.add_bos = true;
   v.add_eos = false;
-  v.add_space_prefix = true;
+  v.add_space_prefix = !gemma4;
+  if (gemma4) {  // Gemma's ids: <eos> 1, <bos> 2, <unk> 3
+    v.bos = 2;
+    v.eos = 1;
+    v.unk = 3;
+  }
   GEIST_RETURN_IF_ERROR(read_id(f, "tokenizer.ggml.bos_token_id", &v.bos));
   GEIST_RETURN_IF_ERROR(read_id(f, "tokenizer.ggml.eos_token_id", &v.eos));
   GEIST_RETURN_IF_ERROR(read_id(f, "tokenizer.ggml.eot_token_id", &v.eot));
@@ -131,6 +137,7 @@ Result<Tokenizer> Tokenizer::from_gguf(const GgufFile &f) {
   GEIST_RETURN_IF_ERROR(read_flag(f, "tokenizer.ggml.add_bos_token", &v.add_bos));
   GEIST_RETURN_IF_ERROR(read_flag(f, "tokenizer.ggml.add_eos_token", &v.add_eos));
   GEIST_RETURN_IF_ERROR(read_flag(f, "tokenizer.ggml.add_space_prefix", &v.add_space_prefix));
+  if (gemma4) v.add_bos = true;  // forced, as llama.cpp does for this vocab (§7.4)
   // Defaults (not keys) that do not exist in this vocab are dropped rather than rejected.
   const std::pair<const char *, int32_t *> defaulted[] = {
       {"tokenizer.ggml.bos_token_id", &v.bos},

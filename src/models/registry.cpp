@@ -4,6 +4,7 @@
 #include "gguf/gguf_reader.h"
 #include "models/arch.h"
 #include "models/gemma3.h"
+#include "models/gemma4.h"
 
 namespace geist::models {
 
@@ -14,7 +15,8 @@ Result<std::unique_ptr<ArchModel>> load_arch(const gguf::GgufFile &file) {
   }
   const std::string arch(*v->as_string());
   if (arch == "gemma3") return load_gemma3(file);
-  return GEIST_ERROR(GEIST_E_UNSUPPORTED, "architecture '%s' is not supported (geist runs: gemma3)",
+  if (arch == "gemma4") return load_gemma4(file);
+  return GEIST_ERROR(GEIST_E_UNSUPPORTED, "architecture '%s' is not supported (geist runs: gemma3, gemma4)",
                      arch.c_str());
 }
 

@@ -1,0 +1,496 @@
+// Gemma 4 E2B / E4B text decoder (model-spec.md section 4), read top to bottom.
+//
+// What differs from Gemma 3: per-layer embeddings (PLE) computed once per token before
+// layer 0 and mixed into the residual after every layer's FFN; KV-shared layers (the last
+// attention.shared_kv_layers layers own no cache and attend over the cache of the last
+// owner layer of their type); sliding and full layers with their own head dims (256 / 512
+// in the real models); proportional partial RoPE on full layers (rope_freqs.weight: factor
+// 1 for the rotated pairs, >= 1e29 for the identity ones); a V norm without weight;
+// attention scale 1; a scalar per layer that multiplies the whole residual; per-layer FFN
+// widths; final logit softcap. Norms are plain (x * w) in GGUF.
+#include "models/gemma4.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/ops.h"
+#include "backends/cpu/packed.h"
+#include "base/timer.h"
+#include "gguf/gguf_reader.h"
+#include "models/model_loader.h"
+
+namespace geist::models {
+namespace {
+
+struct Layer {
+  bool sliding = false;
+  bool owns_kv = false;
+  int kv_src = 0;  // the layer whose cache this one reads (itself for owners) = its cache slot
+  int64_t head_dim = 0, n_ff = 0;
+  float out_scale = 1.0f;
+  WeightView attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down, inp_gate, proj;
+  const float *attn_norm = nullptr, *attn_q_norm = nullptr, *attn_k_norm = nullptr;
+  const float *post_attention_norm = nullptr, *ffn_norm = nullptr, *post_ffw_norm = nullptr;
+  const float *post_norm = nullptr;  // after the PLE projection
+};
+
+class Gemma4 final : public ArchModel {
+ public:
+  const ModelInfo &info() const override { return info_; }
+  std::vector<KvLayerSpec> kv_layout() const override;
+  void reserve(Workspace &ws, int max_chunk) const override;
+  Status forward(const int32_t *tokens, int n_rows, KvCache &cache, Workspace &ws, ThreadPool &pool,
+                 int first_logit_row, float *logits) const override;
+
+  Status load(const gguf::GgufFile &f);
+
+ private:
+  Status load_hparams(const gguf::GgufFile &f, std::vector<bool> *sliding, std::vector<int64_t> *n_ff,
+                      int64_t *n_shared);
+  void per_layer_inputs(const int32_t *tokens, const float *e, int n, Workspace &ws, ThreadPool &pool) const;
+  void attention_block(const Layer &L, int il, float *h, int n, int64_t pos0, KvCache &cache, Workspace &ws,
+                       ThreadPool &pool) const;
+  void ffn_block(const Layer &L, float *h, int n, Workspace &ws, ThreadPool &pool) const;
+  void ple_block(const Layer &L, int il, float *h, int n, Workspace &ws, ThreadPool &pool) const;
+
+  ModelInfo info_;
+  int64_t n_embd_ = 0, n_head_ = 0, n_head_kv_ = 0, hd_swa_ = 0, hd_full_ = 0, max_ff_ = 0;
+  int64_t d_ple_ = 0;  // per-layer embedding width (0: no PLE)
+  int n_owners_ = 0;
+  int window_ = 0;
+  float eps_ = 1e-6f;
+  float softcap_ = 0.0f;
+  cpu::RopeTable rope_full_, rope_swa_;
+  std::vector<float> rope_ff_;  // [hd_full / 2] frequency factors of the full layers
+  WeightView token_embd_, output_, ple_embd_, ple_model_proj_;
+  const float *output_norm_ = nullptr, *ple_proj_norm_ = nullptr;
+  std::vector<Layer> layers_;
+  cpu::PackedStore packed_;
+};
+
+enum Slot { kH, kX, kQ, kK, kV, kAttn, kO, kGate, kUp, kRopeF, kRopeS, kPle, kPleTmp, kPleG };
+
+// Per-layer values of an integer key that may be a scalar (broadcast) or an array.
+Result<std::vector<int64_t>> layer_ints(const gguf::GgufFile &f, const std::string &key, int64_t n_layer) {
+  const gguf::Value *v = f.find(key);
+  if (!v) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "missing required key '%s'", key.c_str());
+  std::vector<int64_t> out(n_layer);
+  if (!v->is_array()) {
+    auto x = v->as_int();
+    if (!x) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "key '%s' must be an integer", key.c_str());
+    std::fill(out.begin(), out.end(), *x);
+    return out;
+  }
+  if (int64_t(v->count) != n_layer) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT, "key '%s' has %llu entries for %lld layers", key.c_str(),
+                       (unsigned long long)v->count, (long long)n_layer);
+  }
+  for (int64_t i = 0; i < n_layer; ++i) {
+    auto x = v->array_int(uint64_t(i));
+    if (!x) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "key '%s' entry %lld is not an integer", key.c_str(), (long long)i);
+    out[i] = *x;
+  }
+  return out;
+}
+
+// attention.sliding_window_pattern: a bool (or integer) array, true = sliding.
+Result<std::vector<bool>> layer_bools(const gguf::GgufFile &f, const std::string &key, int64_t n_layer) {
+  const gguf::Value *v = f.find(key);
+  if (!v) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "missing required key '%s'", key.c_str());
+  if (!v->is_array() || int64_t(v->count) != n_layer) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT, "key '%s' must be an array of %lld bools", key.c_str(), (long long)n_layer);
+  }
+  std::vector<bool> out(n_layer);
+  for (int64_t i = 0; i < n_layer; ++i) {
+    if (v->elem_type == gguf::ValueType::BOOL) {
+      out[i] = v->data[i] != 0;
+    } else {
+      auto x = v->array_int(uint64_t(i));
+      if (!x) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "key '%s' entry %lld is not a bool", key.c_str(), (long long)i);
+      out[i] = *x != 0;
+    }
+  }
+  return out;
+}
+
+Status Gemma4::load_hparams(const gguf::GgufFile &f, std::vector<bool> *sliding, std::vector<int64_t> *n_ff,
+                            int64_t *n_shared) {
+  HparamReader hp(f, "gemma4");
+  int64_t n_layer = 0;
+  GEIST_ASSIGN_OR_RETURN(n_layer, hp.get_int("block_count"));
+  if (n_layer < 1 || n_layer > 1024) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "gemma4: block_count %lld", (long long)n_layer);
+  if (f.find("gemma4.expert_count")) {
+    return GEIST_ERROR(GEIST_E_UNSUPPORTED, "gemma4: mixture-of-experts models (26B-A4B) are not supported");
+  }
+  GEIST_ASSIGN_OR_RETURN(n_embd_, hp.get_int("embedding_length"));
+  GEIST_ASSIGN_OR_RETURN(info_.n_ctx_train, hp.get_int("context_length"));
+  GEIST_ASSIGN_OR_RETURN(n_head_, hp.get_layer_int("attention.head_count", n_layer));
+  GEIST_ASSIGN_OR_RETURN(n_head_kv_, hp.get_layer_int("attention.head_count_kv", n_layer));
+  GEIST_ASSIGN_OR_RETURN(*n_ff, layer_ints(f, "gemma4.feed_forward_length", n_layer));
+  GEIST_ASSIGN_OR_RETURN(hd_full_, hp.get_int("attention.key_length"));
+  GEIST_ASSIGN_OR_RETURN(hd_swa_, hp.get_int("attention.key_length_swa"));
+  int64_t vl = 0, vl_swa = 0, window = 0, rope_dim = 0, rope_dim_swa = 0;
+  GEIST_ASSIGN_OR_RETURN(vl, hp.get_int_or("attention.value_length", hd_full_));
+  GEIST_ASSIGN_OR_RETURN(vl_swa, hp.get_int_or("attention.value_length_swa", hd_swa_));
+  GEIST_ASSIGN_OR_RETURN(window, hp.get_int("attention.sliding_window"));
+  GEIST_ASSIGN_OR_RETURN(*n_shared, hp.get_int_or("attention.shared_kv_layers", 0));
+  GEIST_ASSIGN_OR_RETURN(d_ple_, hp.get_int_or("embedding_length_per_layer_input", 0));
+  GEIST_ASSIGN_OR_RETURN(rope_dim, hp.get_int_or("rope.dimension_count", hd_full_));
+  GEIST_ASSIGN_OR_RETURN(rope_dim_swa, hp.get_int_or("rope.dimension_count_swa", hd_swa_));
+  double eps = 0, base_full = 0, base_swa = 0, softcap = 0;
+  GEIST_ASSIGN_OR_RETURN(eps, hp.get_float("attention.layer_norm_rms_epsilon"));
+  GEIST_ASSIGN_OR_RETURN(base_full, hp.get_float_or("rope.freq_base", 1e6));
+  GEIST_ASSIGN_OR_RETURN(base_swa, hp.get_float_or("rope.freq_base_swa", 1e4));
+  GEIST_ASSIGN_OR_RETURN(softcap, hp.get_float_or("final_logit_softcapping", 0.0));
+  GEIST_ASSIGN_OR_RETURN(*sliding, layer_bools(f, "gemma4.attention.sliding_window_pattern", n_layer));
+
+  bool ok = n_embd_ >= 1 && n_head_ >= 1 && n_head_kv_ >= 1 && n_head_ % n_head_kv_ == 0 && hd_full_ >= 2 &&
+            hd_full_ % 2 == 0 && hd_swa_ >= 2 && hd_swa_ % 2 == 0 && hd_full_ <= cpu::RopeTable::kMaxRotDim &&
+            hd_swa_ <= cpu::RopeTable::kMaxRotDim && window >= 1 && window <= (1 << 30) && *n_shared >= 0 &&
+            *n_shared < n_layer && d_ple_ >= 0 && eps > 0 && base_full > 0 && base_swa > 0 && softcap >= 0 &&
+            info_.n_ctx_train >= 1;
+  for (int64_t x : *n_ff) ok = ok && x >= 1;
+  if (!ok) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT,
+                       "gemma4: inconsistent hyperparameters (n_embd %lld, heads %lld/%lld, head dims %lld/%lld, "
+                       "window %lld, shared_kv_layers %lld of %lld, per-layer input %lld)",
+                       (long long)n_embd_, (long long)n_head_, (long long)n_head_kv_, (long long)hd_full_,
+                       (long long)hd_swa_, (long long)window, (long long)*n_shared, (long long)n_layer,
+                       (long long)d_ple_);
+  }
+  if (vl != hd_full_ || vl_swa != hd_swa_) {
+    return GEIST_ERROR(GEIST_E_UNSUPPORTED, "gemma4: value_length %lld/%lld differs from key_length %lld/%lld",
+                       (long long)vl, (long long)vl_swa, (long long)hd_full_, (long long)hd_swa_);
+  }
+  if (rope_dim != hd_full_ || rope_dim_swa != hd_swa_) {
+    return GEIST_ERROR(GEIST_E_UNSUPPORTED,
+                       "gemma4: rope.dimension_count %lld/%lld must equal the head dims %lld/%lld (partial "
+                       "rotation is encoded in rope_freqs.weight)",
+                       (long long)rope_dim, (long long)rope_dim_swa, (long long)hd_full_, (long long)hd_swa_);
+  }
+  window_ = int(window);
+  eps_ = float(eps);
+  softcap_ = float(softcap);
+  rope_swa_.init(base_swa, int(hd_swa_), 1.0, nullptr);
+  // rope_freqs is bound with the tensors (load); the full table is initialised there.
+  rope_full_.init(base_full, int(hd_full_), 1.0, nullptr);
+  info_.n_layer = n_layer;
+  return Status::ok();
+}
+
+Status Gemma4::load(const gguf::GgufFile &f) {
+  std::vector<bool> sliding;
+  std::vector<int64_t> n_ff;
+  int64_t n_shared = 0;
+  GEIST_RETURN_IF_ERROR(load_hparams(f, &sliding, &n_ff, &n_shared));
+  const int64_t n_layer = info_.n_layer, d = n_embd_;
+  n_owners_ = int(n_layer - n_shared);
+
+  TensorBinder tb(f);
+  GEIST_ASSIGN_OR_RETURN(token_embd_, tb.matrix("token_embd.weight", d, -1));
+  info_.n_vocab = token_embd_.n_out;
+  if (f.tensor("output.weight")) {
+    GEIST_ASSIGN_OR_RETURN(output_, tb.matrix("output.weight", d, info_.n_vocab));
+  } else {
+    output_ = token_embd_;
+  }
+  GEIST_ASSIGN_OR_RETURN(output_norm_, tb.vector("output_norm.weight", d));
+  if (d_ple_ > 0) {
+    GEIST_ASSIGN_OR_RETURN(ple_embd_, tb.matrix("per_layer_token_embd.weight", n_layer * d_ple_, -1));
+    GEIST_ASSIGN_OR_RETURN(ple_model_proj_, tb.matrix("per_layer_model_proj.weight", d, n_layer * d_ple_));
+    GEIST_ASSIGN_OR_RETURN(ple_proj_norm_, tb.vector("per_layer_proj_norm.weight", d_ple_));
+  }
+  // Proportional RoPE of the full layers: global rope_freqs.weight (or llama.cpp's
+  // per-layer copy on the first full layer); absent means full rotation.
+  const float *ff = nullptr;
+  for (int64_t il = -1; il < n_layer && !ff; ++il) {
+    const std::string name = il < 0 ? "rope_freqs.weight" : "blk." + std::to_string(il) + ".rope_freqs.weight";
+    if (f.tensor(name)) {
+      GEIST_ASSIGN_OR_RETURN(ff, tb.vector(name, hd_full_ / 2));
+    }
+  }
+  if (ff) {
+    rope_ff_.assign(ff, ff + hd_full_ / 2);
+    for (float x : rope_ff_) {
+      if (!(x > 0)) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "gemma4: rope_freqs.weight has a value <= 0 or NaN");
+    }
+    double base = 0;
+    HparamReader hp(f, "gemma4");
+    GEIST_ASSIGN_OR_RETURN(base, hp.get_float_or("rope.freq_base", 1e6));
+    rope_full_.init(base, int(hd_full_), 1.0, rope_ff_.data());
+  }
+
+  layers_.resize(n_layer);
+  for (int64_t il = 0; il < n_layer; ++il) {
+    Layer &L = layers_[il];
+    const std::string p = "blk." + std::to_string(il) + ".";
+    L.sliding = sliding[il];
+    L.head_dim = L.sliding ? hd_swa_ : hd_full_;
+    L.n_ff = n_ff[il];
+    max_ff_ = std::max(max_ff_, L.n_ff);
+    L.owns_kv = il < n_owners_;
+    L.kv_src = int(il);
+    if (!L.owns_kv) {  // the last owner of the same type
+      L.kv_src = -1;
+      for (int j = n_owners_ - 1; j >= 0 && L.kv_src < 0; --j) {
+        if (sliding[j] == L.sliding) L.kv_src = j;
+      }
+      if (L.kv_src < 0) {
+        return GEIST_ERROR(GEIST_E_BAD_FORMAT, "gemma4: KV-shared layer %lld (%s) has no owner layer of its type",
+                           (long long)il, L.sliding ? "sliding" : "full");
+      }
+    }
+    const int64_t hd = L.head_dim, qd = n_head_ * hd, kvd = n_head_kv_ * hd;
+    GEIST_ASSIGN_OR_RETURN(L.attn_norm, tb.vector(p + "attn_norm.weight", d));
+    GEIST_ASSIGN_OR_RETURN(L.attn_q, tb.matrix(p + "attn_q.weight", d, qd));
+    GEIST_ASSIGN_OR_RETURN(L.attn_q_norm, tb.vector(p + "attn_q_norm.weight", hd));
+    if (L.owns_kv) {
+      GEIST_ASSIGN_OR_RETURN(L.attn_k, tb.matrix(p + "attn_k.weight", d, kvd));
+      if (!f.tensor(p + "attn_v.weight")) {
+        return GEIST_ERROR(GEIST_E_UNSUPPORTED, "gemma4: layer %lld has no attn_v (K=V attention is not supported)",
+                           (long long)il);
+      }
+      GEIST_ASSIGN_OR_RETURN(L.attn_v, tb.matrix(p + "attn_v.weight", d, kvd));
+      GEIST_ASSIGN_OR_RETURN(L.attn_k_norm, tb.vector(p + "attn_k_norm.weight", hd));
+    }
+    GEIST_ASSIGN_OR_RETURN(L.attn_output, tb.matrix(p + "attn_output.weight", qd, d));
+    GEIST_ASSIGN_OR_RETURN(L.post_attention_norm, tb.vector(p + "post_attention_norm.weight", d));
+    GEIST_ASSIGN_OR_RETURN(L.ffn_norm, tb.vector(p + "ffn_norm.weight", d));
+    GEIST_ASSIGN_OR_RETURN(L.ffn_gate, tb.matrix(p + "ffn_gate.weight", d, L.n_ff));
+    GEIST_ASSIGN_OR_RETURN(L.ffn_up, tb.matrix(p + "ffn_up.weight", d, L.n_ff));
+    GEIST_ASSIGN_OR_RETURN(L.ffn_down, tb.matrix(p + "ffn_down.weight", L.n_ff, d));
+    GEIST_ASSIGN_OR_RETURN(L.post_ffw_norm, tb.vector(p + "post_ffw_norm.weight", d));
+    if (d_ple_ > 0) {
+      GEIST_ASSIGN_OR_RETURN(L.inp_gate, tb.matrix(p + "inp_gate.weight", d, d_ple_));
+      GEIST_ASSIGN_OR_RETURN(L.proj, tb.matrix(p + "proj.weight", d_ple_, d));
+      GEIST_ASSIGN_OR_RETURN(L.post_norm, tb.vector(p + "post_norm.weight", d));
+    }
+    if (f.tensor(p + "layer_output_scale.weight")) {
+      const float *s = nullptr;
+      GEIST_ASSIGN_OR_RETURN(s, tb.vector(p + "layer_output_scale.weight", 1));
+      L.out_scale = s[0];
+      if (!std::isfinite(L.out_scale)) {
+        return GEIST_ERROR(GEIST_E_BAD_FORMAT, "gemma4: layer %lld output scale is not finite", (long long)il);
+      }
+    }
+  }
+
+  // Repack the matrices for the tier in use and release their mapped pages (one copy of
+  // the weights). The token embedding and the PLE table stay mapped: a token reads one row.
+  const double t_pack = now_seconds();
+  ThreadPool pack_pool(ThreadPool::hardware_threads());
+  auto pack = [&](WeightView &w) {
+    if (w.data && cpu::pack_weight(&w, &packed_, &pack_pool)) f.release_pages(w.data, w.row_bytes * size_t(w.n_out));
+  };
+  pack(output_);
+  if (d_ple_ > 0) pack(ple_model_proj_);
+  for (Layer &L : layers_) {
+    for (WeightView *w : {&L.attn_q, &L.attn_k, &L.attn_v, &L.attn_output, &L.ffn_gate, &L.ffn_up, &L.ffn_down,
+                          &L.inp_gate, &L.proj}) {
+      pack(*w);
+    }
+  }
+  info_.packed_bytes = packed_.bytes();
+  info_.repack_seconds = now_seconds() - t_pack;
+  info_.arch = "gemma4";
+  info_.n_embd = d;
+  info_.n_params = tb.total_elements();
+  if (const gguf::Value *nm = f.find("general.name"); nm && nm->as_string()) info_.name = std::string(*nm->as_string());
+  return Status::ok();
+}
+
+// Only owner layers have a cache; layer il reads slot kv_src (owners are layers 0..n_owners-1).
+std::vector<KvLayerSpec> Gemma4::kv_layout() const {
+  std::vector<KvLayerSpec> out;
+  for (int il = 0; il < n_owners_; ++il) {
+    const Layer &L = layers_[il];
+    out.push_back({n_head_kv_ * L.head_dim, L.sliding ? window_ : 0});
+  }
+  return out;
+}
+
+void Gemma4::reserve(Workspace &ws, int max_chunk) const {
+  const size_t n = size_t(max_chunk), qd = size_t(n_head_ * hd_full_), kvd = size_t(n_head_kv_ * hd_full_);
+  const size_t L = layers_.size();
+  ws.get(kH, n * n_embd_);
+  ws.get(kX, n * n_embd_);
+  ws.get(kQ, n * qd);
+  ws.get(kK, n * kvd);
+  ws.get(kV, n * kvd);
+  ws.get(kAttn, n * qd);
+  ws.get(kO, n * n_embd_);
+  ws.get(kGate, n * max_ff_);
+  ws.get(kUp, n * max_ff_);
+  ws.get(kRopeF, n * hd_full_);
+  ws.get(kRopeS, n * hd_swa_);
+  if (d_ple_ > 0) {
+    ws.get(kPle, n * L * d_ple_);
+    ws.get(kPleTmp, n * L * d_ple_);
+    ws.get(kPleG, n * d_ple_);
+  }
+}
+
+// z[r][l][:] = (rmsnorm(W_ple_proj e_r / sqrt(d))[l] + ple_embd[token_r][l] * sqrt(d_ple)) / sqrt(2)
+void Gemma4::per_layer_inputs(const int32_t *tokens, const float *e, int n, Workspace &ws, ThreadPool &pool) const {
+  const int64_t width = int64_t(layers_.size()) * d_ple_;
+  float *z = ws.get(kPle, size_t(n) * width);
+  float *tok = ws.get(kPleTmp, size_t(n) * width);
+  cpu::matmul(ple_model_proj_, e, z, n, pool);
+  const float proj_scale = 1.0f / std::sqrt(float(n_embd_));
+  for (size_t i = 0; i < size_t(n) * width; ++i) z[i] *= proj_scale;
+  cpu::rmsnorm(z, ple_proj_norm_, int64_t(n) * int64_t(layers_.size()), d_ple_, eps_, pool);
+  const float tok_scale = std::sqrt(float(d_ple_));
+  for (int r = 0; r < n; ++r) {
+    float *t = tok + size_t(r) * width;
+    if (tokens[r] < ple_embd_.n_out) {
+      cpu::embedding_gather(ple_embd_, &tokens[r], 1, tok_scale, t);
+    } else {
+      std::fill(t, t + width, 0.0f);  // ids past the PLE vocabulary (soft tokens) have no row
+    }
+  }
+  const float mix = 0.70710678118654752f;  // 2^-1/2
+  for (size_t i = 0; i < size_t(n) * width; ++i) z[i] = (z[i] + tok[i]) * mix;
+}
+
+// h += post_norm(W_o attention(rope(norm(W_q x)), K, V)), x = norm(h); owners append
+// K = rope(norm(W_k x)), V = rmsnorm(W_v x) (no weight) to their cache first.
+void Gemma4::attention_block(const Layer &L, int il, float *h, int n, int64_t pos0, KvCache &cache, Workspace &ws,
+                             ThreadPool &pool) const {
+  (void)il;
+  const int64_t d = n_embd_, hd = L.head_dim, qd = n_head_ * hd, kvd = n_head_kv_ * hd;
+  float *x = ws.get(kX, size_t(n) * d);
+  float *q = ws.get(kQ, size_t(n) * qd);
+  float *k = ws.get(kK, size_t(n) * kvd);
+  float *v = ws.get(kV, size_t(n) * kvd);
+  float *att = ws.get(kAttn, size_t(n) * qd);
+  float *o = ws.get(kO, size_t(n) * d);
+  const float *cs = ws.get(L.sliding ? kRopeS : kRopeF, 0);
+
+  cpu::rmsnorm_to(h, L.attn_norm, x, n, d, eps_, pool);
+  if (L.owns_kv) {
+    const WeightView *wv[] = {&L.attn_q, &L.attn_k, &L.attn_v};
+    float *ys[] = {q, k, v};
+    cpu::matmul_shared_input(wv, 3, x, ys, n, pool);
+  } else {
+    cpu::matmul(L.attn_q, x, q, n, pool);
+  }
+  cpu::rmsnorm(q, L.attn_q_norm, int64_t(n) * n_head_, hd, eps_, pool);
+  cpu::rope_neox(q, n, int(n_head_), int(hd), int(hd), cs, pool);
+  const int slot = L.kv_src;
+  const int64_t cap = cache.capacity(slot);
+  if (L.owns_kv) {
+    cpu::rmsnorm(k, L.attn_k_norm, int64_t(n) * n_head_kv_, hd, eps_, pool);
+    cpu::rope_neox(k, n, int(n_head_kv_), int(hd), int(hd), cs, pool);
+    cpu::rmsnorm(v, nullptr, int64_t(n) * n_head_kv_, hd, eps_, pool);
+    for (int r = 0; r < n; ++r) {
+      const size_t s = size_t((pos0 + r) % cap);
+      std::memcpy(cache.k(slot) + s * kvd, k + size_t(r) * kvd, kvd * sizeof(float));
+      std::memcpy(cache.v(slot) + s * kvd, v + size_t(r) * kvd, kvd * sizeof(float));
+    }
+  }
+  cpu::AttentionArgs a{q,  cache.k(slot), cache.v(slot), att, n, pos0, cap, int(n_head_), int(n_head_kv_),
+                       int(hd), L.sliding ? window_ : 0, 1.0f};
+  cpu::attention(a, pool);
+  cpu::matmul(L.attn_output, att, o, n, pool);
+  cpu::rmsnorm(o, L.post_attention_norm, n, d, eps_, pool);
+  cpu::add_inplace(h, o, int64_t(n) * d);
+}
+
+// h += post_norm(W_down (gelu(W_gate x) * W_up x)), x = norm(h)
+void Gemma4::ffn_block(const Layer &L, float *h, int n, Workspace &ws, ThreadPool &pool) const {
+  const int64_t d = n_embd_, F = L.n_ff;
+  float *x = ws.get(kX, size_t(n) * d);
+  float *gate = ws.get(kGate, size_t(n) * F);
+  float *up = ws.get(kUp, size_t(n) * F);
+  float *o = ws.get(kO, size_t(n) * d);
+  cpu::rmsnorm_to(h, L.ffn_norm, x, n, d, eps_, pool);
+  {
+    const WeightView *wv[] = {&L.ffn_gate, &L.ffn_up};
+    float *ys[] = {gate, up};
+    cpu::matmul_shared_input(wv, 2, x, ys, n, pool);
+  }
+  cpu::gelu_mul(gate, up, gate, int64_t(n) * F, pool);
+  cpu::matmul(L.ffn_down, gate, o, n, pool);
+  cpu::rmsnorm(o, L.post_ffw_norm, n, d, eps_, pool);
+  cpu::add_inplace(h, o, int64_t(n) * d);
+}
+
+// h += post_norm(W_proj (gelu(W_gate h) * z[l])), then h *= the layer's output scale.
+void Gemma4::ple_block(const Layer &L, int il, float *h, int n, Workspace &ws, ThreadPool &pool) const {
+  const int64_t d = n_embd_;
+  if (d_ple_ > 0) {
+    const int64_t width = int64_t(layers_.size()) * d_ple_;
+    const float *z = ws.get(kPle, 0);
+    float *g = ws.get(kPleG, size_t(n) * d_ple_);
+    float *o = ws.get(kO, size_t(n) * d);
+    cpu::matmul(L.inp_gate, h, g, n, pool);
+    for (int r = 0; r < n; ++r) {
+      float *gr = g + size_t(r) * d_ple_;
+      cpu::gelu_mul(gr, z + size_t(r) * width + size_t(il) * d_ple_, gr, d_ple_, pool);
+    }
+    cpu::matmul(L.proj, g, o, n, pool);
+    cpu::rmsnorm(o, L.post_norm, n, d, eps_, pool);
+    cpu::add_inplace(h, o, int64_t(n) * d);
+  }
+  if (L.out_scale != 1.0f) {
+    for (size_t i = 0; i < size_t(n) * d; ++i) h[i] *= L.out_scale;
+  }
+}
+
+Status Gemma4::forward(const int32_t *tokens, int n, KvCache &cache, Workspace &ws, ThreadPool &pool,
+                       int first_logit_row, float *logits) const {
+  if (n < 1 || n > cache.max_chunk()) {
+    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "chunk of %d rows (must be 1..%d)", n, cache.max_chunk());
+  }
+  if (cache.n_layers() != n_owners_) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "KV cache was made for another model");
+  if (cache.n_past + n > cache.n_ctx()) {
+    return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "%lld tokens in the cache + %d new exceed the context of %lld",
+                       (long long)cache.n_past, n, (long long)cache.n_ctx());
+  }
+  for (int r = 0; r < n; ++r) {
+    if (tokens[r] < 0 || tokens[r] >= info_.n_vocab) {
+      return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "token id %d out of range [0, %lld)", tokens[r],
+                         (long long)info_.n_vocab);
+    }
+  }
+  if (first_logit_row < 0 || first_logit_row > n) first_logit_row = n;
+  const int64_t d = n_embd_;
+  const int64_t pos0 = cache.n_past;
+
+  float *h = ws.get(kH, size_t(n) * d);
+  rope_full_.fill(pos0, n, ws.get(kRopeF, size_t(n) * hd_full_));
+  rope_swa_.fill(pos0, n, ws.get(kRopeS, size_t(n) * hd_swa_));
+  cpu::embedding_gather(token_embd_, tokens, n, std::sqrt(float(d)), h);
+  if (d_ple_ > 0) per_layer_inputs(tokens, h, n, ws, pool);
+
+  for (size_t il = 0; il < layers_.size(); ++il) {
+    attention_block(layers_[il], int(il), h, n, pos0, cache, ws, pool);
+    ffn_block(layers_[il], h, n, ws, pool);
+    ple_block(layers_[il], int(il), h, n, ws, pool);
+  }
+  cache.n_past += n;
+
+  const int n_out = n - first_logit_row;
+  if (logits && n_out > 0) {
+    float *x = ws.get(kX, size_t(n_out) * d);
+    cpu::rmsnorm_to(h + size_t(first_logit_row) * d, output_norm_, x, n_out, d, eps_);
+    cpu::matmul(output_, x, logits, n_out, pool);
+    if (softcap_ > 0) {
+      const size_t total = size_t(n_out) * size_t(info_.n_vocab);
+      for (size_t i = 0; i < total; ++i) logits[i] = softcap_ * std::tanh(logits[i] / softcap_);
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ArchModel>> load_gemma4(const gguf::GgufFile &file) {
+  auto m = std::make_unique<Gemma4>();
+  GEIST_RETURN_IF_ERROR(m->load(file));
+  return std::unique_ptr<ArchModel>(std::move(m));
+}
+
+}  // namespace geist::models
