@@ -55,7 +55,7 @@ std::unique_ptr<Model> load(const std::string &file) {
 
 std::vector<float> run(const Model &m, const std::vector<int32_t> &ids, int chunk, int threads) {
   SessionParams p;
-  p.n_ctx = 128;
+  p.n_ctx = 256;
   p.chunk = chunk;
   p.n_threads = threads;
   Result<std::unique_ptr<Session>> s = Session::create(m, p);
@@ -162,6 +162,49 @@ TEST_P(Gemma4Logits, BatchInvariant) {
           << "chunk " << chunk << " threads " << threads;
     }
   }
+}
+
+// Pin a prefix longer than the window, reset to it and continue; snapshot a session and
+// restore it into a fresh one with another chunk size: every logit after every token is
+// the one of a straight prefill (memcmp), with KV-shared and sliding layers in play.
+TEST_P(Gemma4Logits, PinResetSnapshotExact) {
+  std::unique_ptr<Model> m = load("tiny_gemma4_" + GetParam() + "_q8_0.gguf");
+  ASSERT_TRUE(m);
+  const size_t nv = size_t(m->info().n_vocab);
+  std::vector<int32_t> seq;
+  uint64_t x = 99;
+  for (int i = 0; i < 150; ++i) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    seq.push_back(int32_t(8 + (x >> 33) % uint64_t(nv - 8)));
+  }
+  const std::vector<float> ref = run(*m, seq, 64, 2);  // logits after every token
+  auto make = [&](int chunk) {
+    SessionParams p;
+    p.n_ctx = 256;
+    p.chunk = chunk;
+    p.n_threads = 2;
+    return std::move(Session::create(*m, p)).value();
+  };
+  const size_t pin = 37;  // > window 8: the ring of every sliding owner has wrapped
+  std::unique_ptr<Session> s = make(5);
+  ASSERT_TRUE(s->pin_prefix(seq.data(), pin));
+  for (size_t cont : {size_t(3), size_t(40), size_t(113)}) {
+    s->reset();
+    std::vector<float> got(cont * nv);
+    ASSERT_TRUE(s->prefill_with_logits(seq.data() + pin, cont, 0, got.data()));
+    EXPECT_EQ(0, std::memcmp(got.data(), ref.data() + pin * nv, got.size() * sizeof(float))) << "continuation " << cont;
+  }
+  // Snapshot after 80 tokens, restore into a session with another chunk, continue.
+  std::unique_ptr<Session> a = make(7);
+  ASSERT_TRUE(a->prefill(seq.data(), 80));
+  std::vector<uint8_t> img(a->snapshot_size());
+  size_t written = 0;
+  ASSERT_TRUE(a->snapshot(img.data(), img.size(), &written));
+  std::unique_ptr<Session> b = make(16);
+  ASSERT_TRUE(b->restore(img.data(), written));
+  std::vector<float> got((seq.size() - 80) * nv);
+  ASSERT_TRUE(b->prefill_with_logits(seq.data() + 80, seq.size() - 80, 0, got.data()));
+  EXPECT_EQ(0, std::memcmp(got.data(), ref.data() + 80 * nv, got.size() * sizeof(float)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, Gemma4Logits, ::testing::Values("a", "b"));

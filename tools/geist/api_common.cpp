@@ -176,9 +176,16 @@ api::Error ChatFormat::make(const api::Model &m, ChatFormat *out) {
   f.m_ = &m;
   const geist_model_info info = m.info();
   f.bos_ = info.bos;
-  if (api::Error e = m.tokenize("<start_of_turn>user\n", false, true, &f.user_open_)) return e;
-  if (api::Error e = m.tokenize("<end_of_turn>\n<start_of_turn>model\n", false, true, &f.user_close_)) return e;
-  if (api::Error e = m.tokenize("<end_of_turn>\n", false, true, &f.turn_end_)) return e;
+  f.gemma4_ = info.arch && std::string(info.arch) == "gemma4";
+  const char *open = f.gemma4_ ? "<|turn>user\n" : "<start_of_turn>user\n";
+  const char *close = f.gemma4_ ? "<turn|>\n<|turn>model\n" : "<end_of_turn>\n<start_of_turn>model\n";
+  const char *end = f.gemma4_ ? "<turn|>\n" : "<end_of_turn>\n";
+  if (api::Error e = m.tokenize(open, false, true, &f.user_open_)) return e;
+  if (api::Error e = m.tokenize(close, false, true, &f.user_close_)) return e;
+  if (api::Error e = m.tokenize(end, false, true, &f.turn_end_)) return e;
+  if (f.gemma4_) {
+    if (api::Error e = m.tokenize("<|turn>system\n", false, true, &f.system_open_)) return e;
+  }
   // <end_of_turn> is one control token in Gemma vocabularies; if this one lacks it, the
   // reply is closed with the whole marker text.
   if (f.turn_end_.size() >= 2 && m.is_eog(f.turn_end_[0])) {
@@ -191,8 +198,17 @@ api::Error ChatFormat::make(const api::Model &m, ChatFormat *out) {
 
 api::Error ChatFormat::open(const std::string &system, std::vector<geist_token> *out) const {
   if (bos_ >= 0) out->push_back(bos_);
-  out->insert(out->end(), user_open_.begin(), user_open_.end());
   const std::string sys = trim(system);
+  if (gemma4_) {  // a system turn of its own
+    if (!sys.empty()) {
+      out->insert(out->end(), system_open_.begin(), system_open_.end());
+      if (api::Error e = m_->tokenize(sys, false, false, out)) return e;
+      out->insert(out->end(), turn_end_.begin(), turn_end_.end());
+    }
+    out->insert(out->end(), user_open_.begin(), user_open_.end());
+    return {};
+  }
+  out->insert(out->end(), user_open_.begin(), user_open_.end());
   return sys.empty() ? api::Error{} : m_->tokenize(sys + "\n\n", false, false, out);
 }
 

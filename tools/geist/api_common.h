@@ -68,18 +68,22 @@ inline void emit(const std::string &s) {
 
 namespace geist::cli {
 
-// Gemma 3 chat turns (model-spec.md 7.8), as token ids. System text folds into the first
-// user turn; contents are trimmed; markers are parsed as special tokens, the user's and
-// system's text never is:
+// Gemma chat turns (model-spec.md 7.8), as token ids; contents are trimmed; markers are
+// parsed as special tokens, the user's and system's text never is. Gemma 3 folds the
+// system text into the first user turn:
 //   <bos><start_of_turn>user\n{system}\n\n{user_1}<end_of_turn>\n<start_of_turn>model\n
 //   {reply_1}<end_of_turn>\n<start_of_turn>user\n{user_2}<end_of_turn>\n...
+// Gemma 4 (arch "gemma4") has a system turn and its own markers:
+//   <bos><|turn>system\n{system}<turn|>\n<|turn>user\n{user_1}<turn|>\n<|turn>model\n
+//   {reply_1}<turn|>\n<|turn>user\n...
 class ChatFormat {
  public:
   // The marker tokens of m. Fails if m cannot tokenize them.
   static api::Error make(const api::Model &m, ChatFormat *out);
 
   // The start of a conversation up to where the first user's text goes:
-  // <bos><start_of_turn>user\n[{system}\n\n] (system may be empty).
+  // <bos><start_of_turn>user\n[{system}\n\n] (system may be empty; Gemma 4: the system
+  // turn, then <|turn>user\n).
   api::Error open(const std::string &system, std::vector<geist_token> *out) const;
   // {user}<end_of_turn>\n<start_of_turn>model\n: the rest of a user turn that open() or
   // next_user() began.
@@ -100,6 +104,8 @@ class ChatFormat {
   std::vector<geist_token> user_close_;  // <end_of_turn>\n<start_of_turn>model\n
   std::vector<geist_token> turn_end_;    // <end_of_turn>\n
   std::vector<geist_token> after_eot_;   // \n
+  std::vector<geist_token> system_open_;  // Gemma 4: <|turn>system\n
+  bool gemma4_ = false;
 };
 
 // s without leading and trailing ASCII whitespace.
