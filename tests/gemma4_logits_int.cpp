@@ -11,7 +11,9 @@
 // Also: the same logits whatever the chunk size and thread count (bit for bit).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -205,6 +207,49 @@ TEST_P(Gemma4Logits, PinResetSnapshotExact) {
   std::vector<float> got((seq.size() - 80) * nv);
   ASSERT_TRUE(b->prefill_with_logits(seq.data() + 80, seq.size() - 80, 0, got.data()));
   EXPECT_EQ(0, std::memcmp(got.data(), ref.data() + 80 * nv, got.size() * sizeof(float)));
+}
+
+// Inconsistent Gemma 4 metadata, made by patching the value of one key of the tiny GGUF in
+// memory: a clear error naming the problem, never a crash.
+TEST(Gemma4Load, InconsistentMetadataIsRefused) {
+  const std::vector<uint8_t> good = test::read_file(test::data_path("gemma4/tiny_gemma4_a_q8_0.gguf"));
+  // Offset of the value of key k (after its u64 length, the text and the u32 value type).
+  auto value_at = [&](const std::string &k) -> size_t {
+    const std::string needle = k;
+    auto it = std::search(good.begin(), good.end(), needle.begin(), needle.end());
+    EXPECT_NE(it, good.end()) << k;
+    return size_t(it - good.begin()) + k.size() + 4;
+  };
+  struct Case {
+    std::string what, key;
+    std::function<void(std::vector<uint8_t> &, size_t)> patch;
+    std::string message;
+  };
+  auto u32 = [](uint32_t v) {
+    return [v](std::vector<uint8_t> &b, size_t at) { std::memcpy(b.data() + at, &v, 4); };
+  };
+  const std::vector<Case> cases = {
+      {"all layers shared", "gemma4.attention.shared_kv_layers", u32(8), "inconsistent hyperparameters"},
+      {"key and value head dims differ", "gemma4.attention.key_length", u32(64), "differs from key_length"},
+      {"sliding head dim not the tensors'", "gemma4.attention.key_length_swa", u32(32), "differs from key_length"},
+      {"FFN width not the tensors'", "gemma4.feed_forward_length",
+       [](std::vector<uint8_t> &b, size_t at) { b[at + 12] = 96; },  // layer 0: 96 instead of 64
+       "blk.0.ffn_gate.weight"},
+      {"no full owner layer",  // every owner (0..4) sliding: shared full layers 5 and 7 have no source
+       "gemma4.attention.sliding_window_pattern",
+       [](std::vector<uint8_t> &b, size_t at) {  // array: u32 elem type, u64 count, then bools
+         for (int l = 0; l < 5; ++l) b[at + 12 + l] = 1;
+       },
+       "no owner layer"},
+      {"window 0", "gemma4.attention.sliding_window", u32(0), "inconsistent hyperparameters"},
+  };
+  for (const Case &c : cases) {
+    std::vector<uint8_t> b = good;
+    c.patch(b, value_at(c.key));
+    Result<std::unique_ptr<Model>> m = Model::load_from_memory(b.data(), b.size());
+    ASSERT_FALSE(m) << c.what;
+    EXPECT_NE(m.status().to_string().find(c.message), std::string::npos) << c.what << ": " << m.status().to_string();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, Gemma4Logits, ::testing::Values("a", "b"));

@@ -222,10 +222,10 @@ Status Gemma4::load(const gguf::GgufFile &f) {
     rope_full_.init(base, int(hd_full_), 1.0, rope_ff_.data());
   }
 
+  // The per-layer record first (model-spec §4.2), then the tensors against it.
   layers_.resize(n_layer);
   for (int64_t il = 0; il < n_layer; ++il) {
     Layer &L = layers_[il];
-    const std::string p = "blk." + std::to_string(il) + ".";
     L.sliding = sliding[il];
     L.head_dim = L.sliding ? hd_swa_ : hd_full_;
     L.n_ff = n_ff[il];
@@ -242,6 +242,10 @@ Status Gemma4::load(const gguf::GgufFile &f) {
                            (long long)il, L.sliding ? "sliding" : "full");
       }
     }
+  }
+  for (int64_t il = 0; il < n_layer; ++il) {
+    Layer &L = layers_[il];
+    const std::string p = "blk." + std::to_string(il) + ".";
     const int64_t hd = L.head_dim, qd = n_head_ * hd, kvd = n_head_kv_ * hd;
     GEIST_ASSIGN_OR_RETURN(L.attn_norm, tb.vector(p + "attn_norm.weight", d));
     GEIST_ASSIGN_OR_RETURN(L.attn_q, tb.matrix(p + "attn_q.weight", d, qd));
