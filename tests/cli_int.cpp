@@ -527,6 +527,38 @@ TEST(CliTiny, ChatHistoryIsAGemmaConversation) {
   EXPECT_EQ(r.out, detok(m, p.replies[0]) + "\n" + detok(m, p.replies[1]) + "\n");
 }
 
+// Gemma 4 turns (model-spec 7.8) on the tiny Gemma 4: a system turn of its own, then
+// <|turn>user\n{text}<turn|>\n<|turn>model\n for every user line.
+TEST(CliTiny, ChatUsesGemma4TurnsOnGemma4) {
+  TempDir dir;
+  const std::string save = dir.file("conv4.snap");
+  const std::string model = test::data_path("gemma4/tiny_gemma4_a_q8_0.gguf");
+  const ProcResult r =
+      run_geist(chat_args({"--temp", "0", "--system", " Be brief. ", "--save", save}, model), "hello\nhow are you\n");
+  expect_ok(r);
+  EXPECT_NE(r.err.find("chat: 2 turns"), std::string::npos) << r.err;
+  const api::Model m = api::Model::load_or_throw(model);
+  auto toks = [&](const std::string &s, bool special) { return m.tokenize_or_throw(s, false, special); };
+  auto cat_t = [](std::vector<geist_token> a, const std::vector<geist_token> &b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  std::vector<geist_token> head{m.info().bos};
+  head = cat_t(head, toks("<|turn>system\n", true));
+  head = cat_t(head, toks("Be brief.", false));
+  head = cat_t(head, toks("<turn|>\n<|turn>user\n", true));
+  head = cat_t(head, toks("hello", false));
+  head = cat_t(head, toks("<turn|>\n<|turn>model\n", true));
+  ASSERT_EQ(toks("<|turn>", true).size(), 1u);  // a control token, not text
+  const std::vector<geist_token> t = saved_tokens(m, save);
+  ASSERT_GE(t.size(), head.size());
+  EXPECT_TRUE(std::equal(head.begin(), head.end(), t.begin())) << "the first turns are not Gemma 4's";
+  std::vector<geist_token> second = cat_t(toks("<turn|>\n<|turn>user\n", true), toks("how are you", false));
+  second = cat_t(second, toks("<turn|>\n<|turn>model\n", true));
+  EXPECT_NE(std::search(t.begin() + head.size(), t.end(), second.begin() + 1, second.end()), t.end())
+      << "the second user turn is not framed as Gemma 4's";
+}
+
 TEST(CliTiny, ChatClosesAnEndOfTurnReplyWithANewline) {
   // Near-uniform sampling over the 569 tokens ends a reply of up to 300 tokens with an
   // end-of-generation token more often than not; find a seed whose first reply ends on
