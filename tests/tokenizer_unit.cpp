@@ -591,10 +591,17 @@ TEST(TokenizerGguf, Errors) {
   std::vector<uint8_t> buf;
   {
     GgufCase c;
-    c.model = "gemma4";
+    c.model = "gpt2";
     auto t = tokenizer_from_image(c, &buf);
     EXPECT_EQ(t.status().code(), GEIST_E_UNSUPPORTED);
-    EXPECT_NE(t.status().message().find("gemma4"), std::string::npos);
+    EXPECT_NE(t.status().message().find("gpt2"), std::string::npos);
+  }
+  {
+    GgufCase c;
+    c.model = "gemma4";  // a BPE vocabulary without merges
+    auto t = tokenizer_from_image(c, &buf);
+    EXPECT_EQ(t.status().code(), GEIST_E_BAD_FORMAT);
+    EXPECT_NE(t.status().message().find("merges"), std::string::npos) << t.status().message();
   }
   {
     GgufCase c;
