@@ -241,22 +241,7 @@ void Gemma3::ffn_block(const Layer &L, float *h, int n, Workspace &ws, ThreadPoo
 
 Status Gemma3::forward(const int32_t *tokens, int n, KvCache &cache, Workspace &ws, ThreadPool &pool,
                        int first_logit_row, float *logits) const {
-  if (n < 1 || n > cache.max_chunk()) {
-    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "chunk of %d rows (must be 1..%d)", n, cache.max_chunk());
-  }
-  if (cache.n_layers() != int(layers_.size())) {
-    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "KV cache was made for another model");
-  }
-  if (cache.n_past + n > cache.n_ctx()) {
-    return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "%lld tokens in the cache + %d new exceed the context of %lld",
-                       (long long)cache.n_past, n, (long long)cache.n_ctx());
-  }
-  for (int r = 0; r < n; ++r) {
-    if (tokens[r] < 0 || tokens[r] >= info_.n_vocab) {
-      return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "token id %d out of range [0, %lld)", tokens[r],
-                         (long long)info_.n_vocab);
-    }
-  }
+  GEIST_RETURN_IF_ERROR(check_forward_args(tokens, n, cache, int(layers_.size()), info_.n_vocab));
   if (first_logit_row < 0 || first_logit_row > n) first_logit_row = n;
   const int64_t d = n_embd_;
   const int64_t pos0 = cache.n_past;
@@ -274,13 +259,8 @@ Status Gemma3::forward(const int32_t *tokens, int n, KvCache &cache, Workspace &
 
   const int n_out = n - first_logit_row;
   if (logits && n_out > 0) {
-    float *x = ws.get(kX, size_t(n_out) * d);
-    cpu::rmsnorm_to(h + size_t(first_logit_row) * d, output_norm_, x, n_out, d, eps_);
-    cpu::matmul(output_, x, logits, n_out, pool);
-    if (softcap_ > 0) {
-      const size_t total = size_t(n_out) * size_t(info_.n_vocab);
-      for (size_t i = 0; i < total; ++i) logits[i] = softcap_ * std::tanh(logits[i] / softcap_);
-    }
+    output_logits(output_, output_norm_, h + size_t(first_logit_row) * d, n_out, d, eps_, softcap_,
+                  ws.get(kX, size_t(n_out) * d), logits, pool);
   }
   return Status::ok();
 }

@@ -1,6 +1,9 @@
 #include "models/model_loader.h"
 
 #include <cinttypes>
+#include <cmath>
+
+#include "backends/cpu/ops.h"
 
 namespace geist::models {
 
@@ -110,6 +113,36 @@ Result<const float *> TensorBinder::vector(const std::string &name, int64_t n) {
     return GEIST_ERROR(GEIST_E_BAD_FORMAT, "tensor '%s' data is not 4-byte aligned in memory", name.c_str());
   }
   return reinterpret_cast<const float *>(t->data);
+}
+
+Status check_forward_args(const int32_t *tokens, int n, const KvCache &cache, int n_cache_layers, int64_t n_vocab) {
+  if (n < 1 || n > cache.max_chunk()) {
+    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "chunk of %d rows (must be 1..%d)", n, cache.max_chunk());
+  }
+  if (cache.n_layers() != n_cache_layers) {
+    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "KV cache was made for another model");
+  }
+  if (cache.n_past + n > cache.n_ctx()) {
+    return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "%lld tokens in the cache + %d new exceed the context of %lld",
+                       (long long)cache.n_past, n, (long long)cache.n_ctx());
+  }
+  for (int r = 0; r < n; ++r) {
+    if (tokens[r] < 0 || tokens[r] >= n_vocab) {
+      return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "token id %d out of range [0, %lld)", tokens[r],
+                         (long long)n_vocab);
+    }
+  }
+  return Status::ok();
+}
+
+void output_logits(const WeightView &w_out, const float *norm, const float *h, int n, int64_t d, float eps,
+                   float softcap, float *x, float *logits, ThreadPool &pool) {
+  cpu::rmsnorm_to(h, norm, x, n, d, eps);
+  cpu::matmul(w_out, x, logits, n, pool);
+  if (softcap > 0) {
+    const size_t total = size_t(n) * size_t(w_out.n_out);
+    for (size_t i = 0; i < total; ++i) logits[i] = softcap * std::tanh(logits[i] / softcap);
+  }
 }
 
 }  // namespace geist::models

@@ -9,7 +9,9 @@
 
 #include "backends/weight.h"
 #include "base/status.h"
+#include "base/thread_pool.h"
 #include "gguf/gguf_reader.h"
+#include "models/arch.h"
 
 namespace geist::models {
 
@@ -45,5 +47,14 @@ class TensorBinder {
   const gguf::GgufFile &f_;
   int64_t total_ = 0;
 };
+
+// The argument checks of ArchModel::forward (arch.h) every architecture makes: chunk size,
+// a cache of n_cache_layers layers, room in the context, token ids < n_vocab.
+Status check_forward_args(const int32_t *tokens, int n, const KvCache &cache, int n_cache_layers, int64_t n_vocab);
+
+// logits [n][n_vocab] = softcap(W_out rmsnorm(h, norm)) for n rows h [n][d]; x: scratch of
+// n * d floats; softcap 0 = none.
+void output_logits(const WeightView &w_out, const float *norm, const float *h, int n, int64_t d, float eps,
+                   float softcap, float *x, float *logits, ThreadPool &pool);
 
 }  // namespace geist::models
