@@ -223,20 +223,9 @@ void Gemma3::attention_block(const Layer &L, int il, float *h, int n, int64_t po
 // h += post_norm(W_down (gelu(W_gate x) * W_up x)), x = norm(h)
 void Gemma3::ffn_block(const Layer &L, float *h, int n, Workspace &ws, ThreadPool &pool) const {
   const int64_t d = n_embd_;
-  float *x = ws.get(kX, size_t(n) * d);         // [n][d]
-  float *gate = ws.get(kGate, size_t(n) * n_ff_);  // [n][n_ff]
-  float *up = ws.get(kUp, size_t(n) * n_ff_);      // [n][n_ff]
-  float *o = ws.get(kO, size_t(n) * d);         // [n][d]
-  cpu::rmsnorm_to(h, L.ffn_norm, x, n, d, eps_, pool);
-  {
-    const WeightView *ws[] = {&L.ffn_gate, &L.ffn_up};
-    float *ys[] = {gate, up};
-    cpu::matmul_shared_input(ws, 2, x, ys, n, pool);
-  }
-  cpu::gelu_mul(gate, up, gate, int64_t(n) * n_ff_, pool);
-  cpu::matmul(L.ffn_down, gate, o, n, pool);
-  cpu::rmsnorm(o, L.post_ffw_norm, n, d, eps_, pool);
-  cpu::add_inplace(h, o, int64_t(n) * d);
+  gelu_ffn_residual(h, n, d, L.ffn_norm, L.ffn_gate, L.ffn_up, L.ffn_down, L.post_ffw_norm, eps_,
+                    ws.get(kX, size_t(n) * d), ws.get(kGate, size_t(n) * n_ff_), ws.get(kUp, size_t(n) * n_ff_),
+                    ws.get(kO, size_t(n) * d), pool);
 }
 
 Status Gemma3::forward(const int32_t *tokens, int n, KvCache &cache, Workspace &ws, ThreadPool &pool,

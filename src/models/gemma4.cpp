@@ -63,6 +63,7 @@ class Gemma4 final : public ArchModel {
   float eps_ = 1e-6f;
   float softcap_ = 0.0f;
   cpu::RopeTable rope_full_, rope_swa_;
+  double rope_base_full_ = 1e6;
   std::vector<float> rope_ff_;  // [hd_full / 2] frequency factors of the full layers
   WeightView token_embd_, output_, ple_embd_, ple_model_proj_;
   const float *output_norm_ = nullptr, *ple_proj_norm_ = nullptr;
@@ -174,8 +175,7 @@ Status Gemma4::load_hparams(const gguf::GgufFile &f, std::vector<bool> *sliding,
   eps_ = float(eps);
   softcap_ = float(softcap);
   rope_swa_.init(base_swa, int(hd_swa_), 1.0, nullptr);
-  // rope_freqs is bound with the tensors (load); the full table is initialised there.
-  rope_full_.init(base_full, int(hd_full_), 1.0, nullptr);
+  rope_base_full_ = base_full;  // the full table needs rope_freqs, bound in load()
   info_.n_layer = n_layer;
   return Status::ok();
 }
@@ -216,11 +216,8 @@ Status Gemma4::load(const gguf::GgufFile &f) {
     for (float x : rope_ff_) {
       if (!(x > 0)) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "gemma4: rope_freqs.weight has a value <= 0 or NaN");
     }
-    double base = 0;
-    HparamReader hp(f, "gemma4");
-    GEIST_ASSIGN_OR_RETURN(base, hp.get_float_or("rope.freq_base", 1e6));
-    rope_full_.init(base, int(hd_full_), 1.0, rope_ff_.data());
   }
+  rope_full_.init(rope_base_full_, int(hd_full_), 1.0, ff ? rope_ff_.data() : nullptr);
 
   // The per-layer record first (model-spec §4.2), then the tensors against it.
   layers_.resize(n_layer);
@@ -405,20 +402,9 @@ void Gemma4::attention_block(const Layer &L, int il, float *h, int n, int64_t po
 // h += post_norm(W_down (gelu(W_gate x) * W_up x)), x = norm(h)
 void Gemma4::ffn_block(const Layer &L, float *h, int n, Workspace &ws, ThreadPool &pool) const {
   const int64_t d = n_embd_, F = L.n_ff;
-  float *x = ws.get(kX, size_t(n) * d);
-  float *gate = ws.get(kGate, size_t(n) * F);
-  float *up = ws.get(kUp, size_t(n) * F);
-  float *o = ws.get(kO, size_t(n) * d);
-  cpu::rmsnorm_to(h, L.ffn_norm, x, n, d, eps_, pool);
-  {
-    const WeightView *wv[] = {&L.ffn_gate, &L.ffn_up};
-    float *ys[] = {gate, up};
-    cpu::matmul_shared_input(wv, 2, x, ys, n, pool);
-  }
-  cpu::gelu_mul(gate, up, gate, int64_t(n) * F, pool);
-  cpu::matmul(L.ffn_down, gate, o, n, pool);
-  cpu::rmsnorm(o, L.post_ffw_norm, n, d, eps_, pool);
-  cpu::add_inplace(h, o, int64_t(n) * d);
+  gelu_ffn_residual(h, n, d, L.ffn_norm, L.ffn_gate, L.ffn_up, L.ffn_down, L.post_ffw_norm, eps_,
+                    ws.get(kX, size_t(n) * d), ws.get(kGate, size_t(n) * F), ws.get(kUp, size_t(n) * F),
+                    ws.get(kO, size_t(n) * d), pool);
 }
 
 // h += post_norm(W_proj (gelu(W_gate h) * z[l])), then h *= the layer's output scale.
@@ -428,12 +414,13 @@ void Gemma4::ple_block(const Layer &L, int il, float *h, int n, Workspace &ws, T
     const int64_t width = int64_t(layers_.size()) * d_ple_;
     const float *z = ws.get(kPle, 0);
     float *g = ws.get(kPleG, size_t(n) * d_ple_);
+    float *zl = ws.get(kPleTmp, size_t(n) * d_ple_);  // z[:, l] made contiguous
     float *o = ws.get(kO, size_t(n) * d);
     cpu::matmul(L.inp_gate, h, g, n, pool);
     for (int r = 0; r < n; ++r) {
-      float *gr = g + size_t(r) * d_ple_;
-      cpu::gelu_mul(gr, z + size_t(r) * width + size_t(il) * d_ple_, gr, d_ple_, pool);
+      std::memcpy(zl + size_t(r) * d_ple_, z + size_t(r) * width + size_t(il) * d_ple_, sizeof(float) * d_ple_);
     }
+    cpu::gelu_mul(g, zl, g, int64_t(n) * d_ple_, pool);
     cpu::matmul(L.proj, g, o, n, pool);
     cpu::rmsnorm(o, L.post_norm, n, d, eps_, pool);
     cpu::add_inplace(h, o, int64_t(n) * d);

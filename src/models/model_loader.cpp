@@ -135,6 +135,19 @@ Status check_forward_args(const int32_t *tokens, int n, const KvCache &cache, in
   return Status::ok();
 }
 
+void gelu_ffn_residual(float *h, int n, int64_t d, const float *norm, const WeightView &w_gate,
+                       const WeightView &w_up, const WeightView &w_down, const float *post_norm, float eps, float *x,
+                       float *gate, float *up, float *o, ThreadPool &pool) {
+  cpu::rmsnorm_to(h, norm, x, n, d, eps, pool);
+  const WeightView *ws[] = {&w_gate, &w_up};
+  float *ys[] = {gate, up};
+  cpu::matmul_shared_input(ws, 2, x, ys, n, pool);
+  cpu::gelu_mul(gate, up, gate, int64_t(n) * w_gate.n_out, pool);
+  cpu::matmul(w_down, gate, o, n, pool);
+  cpu::rmsnorm(o, post_norm, n, d, eps, pool);
+  cpu::add_inplace(h, o, int64_t(n) * d);
+}
+
 void output_logits(const WeightView &w_out, const float *norm, const float *h, int n, int64_t d, float eps,
                    float softcap, float *x, float *logits, ThreadPool &pool) {
   cpu::rmsnorm_to(h, norm, x, n, d, eps);

@@ -52,6 +52,12 @@ class TensorBinder {
 // a cache of n_cache_layers layers, room in the context, token ids < n_vocab.
 Status check_forward_args(const int32_t *tokens, int n, const KvCache &cache, int n_cache_layers, int64_t n_vocab);
 
+// The Gemma FFN with its residual: h += post_norm(W_down (gelu(W_gate x) * W_up x)),
+// x = norm(h), for n rows of width d. Scratch: x, o [n][d]; gate, up [n][n_ff].
+void gelu_ffn_residual(float *h, int n, int64_t d, const float *norm, const WeightView &w_gate,
+                       const WeightView &w_up, const WeightView &w_down, const float *post_norm, float eps, float *x,
+                       float *gate, float *up, float *o, ThreadPool &pool);
+
 // logits [n][n_vocab] = softcap(W_out rmsnorm(h, norm)) for n rows h [n][d]; x: scratch of
 // n * d floats; softcap 0 = none.
 void output_logits(const WeightView &w_out, const float *norm, const float *h, int n, int64_t d, float eps,
