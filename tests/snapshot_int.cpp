@@ -4,8 +4,17 @@
 // back to the pin) also into sessions of another chunk size and thread count; every
 // refusal returns its exact status and leaves the target session byte-identical (its
 // own snapshot before == after, logits memcmp). Image layout: docs/SNAPSHOT.md.
+#include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -14,12 +23,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/model.h"
 #include "engine/session.h"
+#include "engine/snapshot_file.h"
 #include "geist/geist.h"
 #include "test_util.h"
 
@@ -584,6 +595,32 @@ bool exists(const std::string &p) {
   struct stat st;
   return stat(p.c_str(), &st) == 0;
 }
+// Names in dir that look like a snapshot write's temporary file ("*.tmp.*").
+std::vector<std::string> temp_files(const std::string &dir) {
+  std::vector<std::string> r;
+  if (DIR *d = opendir(dir.c_str())) {
+    while (const dirent *e = readdir(d)) {
+      if (std::strstr(e->d_name, ".tmp.")) r.push_back(e->d_name);
+    }
+    closedir(d);
+  }
+  std::sort(r.begin(), r.end());
+  return r;
+}
+void write_file(const std::string &p, const std::string &bytes) {
+  FILE *f = std::fopen(p.c_str(), "wb");
+  ASSERT_NE(f, nullptr) << p;
+  ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+  ASSERT_EQ(std::fclose(f), 0);
+}
+std::string read_all(const std::string &p) {
+  const std::vector<uint8_t> b = test::read_file(p);
+  return std::string(b.begin(), b.end());
+}
+void remove_tree(const std::string &dir) {
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
 
 TEST_F(SnapshotInt, Files) {
   const std::string dir = temp_dir();
@@ -629,36 +666,230 @@ TEST_F(SnapshotInt, Files) {
   }
 
   // Unwritable destinations (we may run as root, so not by permission bits): under a
-  // missing directory, under a regular file, and onto a directory (the rename fails).
-  // None leaves a file behind.
-  const auto tmp_of = [](const std::string &p) { return p + ".tmp." + std::to_string(getpid()); };
+  // missing directory, under a regular file, and onto a directory. None leaves a file
+  // behind.
   const std::string under_missing = dir + "/no/such/dir/s.geistsnap";
   EXPECT_EQ(a->save_file(under_missing).code(), GEIST_E_IO);
   EXPECT_FALSE(exists(under_missing));
-  EXPECT_FALSE(exists(tmp_of(under_missing)));
   const std::string under_file = path + "/s.geistsnap";
   EXPECT_EQ(a->save_file(under_file).code(), GEIST_E_IO);
-  EXPECT_FALSE(exists(tmp_of(under_file)));
   const std::string onto_dir = dir + "/adir";
   ASSERT_EQ(mkdir(onto_dir.c_str(), 0700), 0);
   st = a->save_file(onto_dir);
   EXPECT_EQ(st.code(), GEIST_E_IO) << st.to_string();
-  EXPECT_FALSE(exists(tmp_of(onto_dir))) << "a partial file was left behind";
-  if (access("/dev/full", W_OK) == 0) {
-    // A write error (ENOSPC) through a link to /dev/full: PATH.tmp.<pid> is /dev/full itself.
-    const std::string full = dir + "/full";
-    ASSERT_EQ(symlink("/dev/full", tmp_of(full).c_str()), 0);
-    st = a->save_file(full);
+  {
+    // A write error half way (EFBIG from a file-size limit, as a full disk would give):
+    // GEIST_E_IO, the old snapshot under PATH intact, no temporary file left.
+    const std::vector<uint8_t> old = test::read_file(path);
+    std::unique_ptr<Session> big = busy(40, 40, 2);
+    struct rlimit saved {};
+    ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = saved;
+    lim.rlim_cur = 4096;
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    st = big->save_file(path);
+    setrlimit(RLIMIT_FSIZE, &saved);
+    signal(SIGXFSZ, prev);
     EXPECT_EQ(st.code(), GEIST_E_IO) << st.to_string();
-    EXPECT_FALSE(exists(full)) << "a failed write left a file under PATH";
+    EXPECT_TRUE(test::read_file(path) == old) << "a failed write changed the file under PATH";
   }
+  EXPECT_EQ(temp_files(dir), std::vector<std::string>{}) << "a partial file was left behind";
 
-  for (const char *f : {"/s.geistsnap", "/half.geistsnap", "/empty.geistsnap", "/full"}) {
+  for (const char *f : {"/s.geistsnap", "/half.geistsnap", "/empty.geistsnap"}) {
     std::remove((dir + f).c_str());
   }
-  std::remove(tmp_of(dir + "/full").c_str());
   rmdir(onto_dir.c_str());
   rmdir(dir.c_str());
+}
+
+// geist replaces a path only if it is absent, empty, or a geist snapshot; everything else
+// (a user's file, a symlink, a directory, a FIFO, a socket, a device) is refused before
+// anything is written, and left exactly as it was.
+TEST_F(SnapshotInt, SaveFileReplacesOnlySnapshots) {
+  const std::string dir = temp_dir();
+  ASSERT_FALSE(dir.empty());
+  std::unique_ptr<Session> a = busy(6, 10, 1);
+  const std::vector<uint8_t> img = snap(*a);
+  auto refused = [&](const std::string &p, const char *needle, const char *what) {
+    SCOPED_TRACE(what);
+    Status st = check_snapshot_target(p);
+    EXPECT_EQ(st.code(), GEIST_E_IO) << st.to_string();
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find(p), std::string::npos) << "the message names the path: " << st.message();
+    st = a->save_file(p);
+    EXPECT_EQ(st.code(), GEIST_E_IO) << st.to_string();
+    EXPECT_EQ(geist_snapshot_file_check(p.c_str()), GEIST_E_IO);
+  };
+  // A user's file, a file that only starts like one, a symlink to a snapshot.
+  const std::string user = dir + "/notes.txt";
+  write_file(user, "my notes\n");
+  refused(user, "not a geist snapshot", "a user's text file");
+  EXPECT_EQ(read_all(user), "my notes\n");
+  const std::string gguf = dir + "/model.gguf";
+  write_file(gguf, std::string("GGUF\3\0\0\0 and more", 17));
+  refused(gguf, "not a geist snapshot", "a GGUF file");
+  EXPECT_EQ(read_all(gguf), std::string("GGUF\3\0\0\0 and more", 17));
+  const std::string short_file = dir + "/short";
+  write_file(short_file, "GEIST");
+  refused(short_file, "not a geist snapshot", "5 bytes of the magic");
+  const std::string target = dir + "/real.geistsnap", link = dir + "/link.geistsnap";
+  ASSERT_TRUE(a->save_file(target));
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  refused(link, "symbolic link", "a symlink to a snapshot");
+  struct stat ls {};
+  ASSERT_EQ(lstat(link.c_str(), &ls), 0);
+  EXPECT_TRUE(S_ISLNK(ls.st_mode)) << "the link was replaced";
+  const std::string dangling = dir + "/dangling";
+  ASSERT_EQ(symlink((dir + "/nowhere").c_str(), dangling.c_str()), 0);
+  refused(dangling, "symbolic link", "a dangling symlink");
+  EXPECT_FALSE(exists(dir + "/nowhere"));
+  // Not regular files. A FIFO must not block the check (no reader, no writer).
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  refused(fifo, "FIFO", "a FIFO");
+  const std::string sub = dir + "/sub";
+  ASSERT_EQ(mkdir(sub.c_str(), 0700), 0);
+  refused(sub, "directory", "a directory");
+  const std::string sock = dir + "/sock";
+  {
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    ASSERT_LT(sock.size(), sizeof addr.sun_path);
+    std::memcpy(addr.sun_path, sock.c_str(), sock.size() + 1);
+    ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr), 0);
+    close(fd);
+  }
+  refused(sock, "socket", "a socket");
+  // A character device: /dev/null's twin where we may make one (root), else /dev/null
+  // itself, which the check refuses before anything could be written.
+  const std::string dev = dir + "/null";
+  const bool have_dev = mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0;
+  refused(have_dev ? dev : "/dev/null", "character device", "a character device");
+  struct stat ds {};
+  ASSERT_EQ(stat("/dev/null", &ds), 0);
+  EXPECT_TRUE(S_ISCHR(ds.st_mode));
+
+  // What may be replaced: nothing there, an empty file, a snapshot, a corrupt snapshot.
+  const std::string fresh = dir + "/fresh.geistsnap";
+  EXPECT_EQ(geist_snapshot_file_check(fresh.c_str()), GEIST_OK);
+  EXPECT_FALSE(exists(fresh)) << "the check created the file";
+  ASSERT_TRUE(a->save_file(fresh));
+  EXPECT_TRUE(test::read_file(fresh) == img);
+  const std::string empty = dir + "/empty";
+  write_file(empty, "");
+  ASSERT_TRUE(a->save_file(empty));
+  EXPECT_TRUE(test::read_file(empty) == img);
+  std::vector<uint8_t> cut(img.begin(), img.begin() + 100);
+  const std::string corrupt = dir + "/cut.geistsnap";
+  write_file(corrupt, std::string(cut.begin(), cut.end()));
+  ASSERT_TRUE(a->save_file(corrupt));
+  EXPECT_TRUE(test::read_file(corrupt) == img);
+  EXPECT_EQ(temp_files(dir), std::vector<std::string>{});
+  remove_tree(dir);
+}
+
+// A writer killed mid-save leaves at most a temporary file that no process holds; the
+// next save to the same path removes it, and never a temporary file a live writer holds
+// or a file that is not geist's.
+TEST_F(SnapshotInt, SaveFileRemovesStaleTemporaries) {
+  const std::string dir = temp_dir();
+  ASSERT_FALSE(dir.empty());
+  std::unique_ptr<Session> a = busy(6, 10, 1);
+  const std::vector<uint8_t> img = snap(*a);
+  const std::string path = dir + "/s.geistsnap";
+  const std::string img_s(img.begin(), img.end());
+  write_file(path + ".tmp.999999999", img_s.substr(0, 1000));      // an older geist's name
+  write_file(path + ".tmp.999999998.3", img_s.substr(0, 77));      // this geist's name
+  write_file(path + ".tmp.12", "a user's file with that name");    // not geist's: kept
+  write_file(path + ".tmp.x", std::string(kSnapshotMagic, 8));     // not the name pattern: kept
+  write_file(dir + "/other.tmp.5", std::string(kSnapshotMagic, 8));  // another path's: kept
+  const std::string live = path + ".tmp.7.7";                        // a live writer holds it
+  write_file(live, img_s.substr(0, 500));
+  const int held = open(live.c_str(), O_RDONLY);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(flock(held, LOCK_EX), 0);
+  ASSERT_TRUE(a->save_file(path));
+  EXPECT_EQ(temp_files(dir), (std::vector<std::string>{"other.tmp.5", "s.geistsnap.tmp.12", "s.geistsnap.tmp.7.7",
+                                                       "s.geistsnap.tmp.x"}));
+  close(held);
+  ASSERT_TRUE(a->save_file(path));  // now nobody holds it
+  EXPECT_EQ(temp_files(dir),
+            (std::vector<std::string>{"other.tmp.5", "s.geistsnap.tmp.12", "s.geistsnap.tmp.x"}));
+  EXPECT_TRUE(test::read_file(path) == img);
+  remove_tree(dir);
+}
+
+// kill -9 at random moments of a loop of saves: PATH always holds a whole snapshot, and
+// after the next save no temporary file is left.
+TEST_F(SnapshotInt, SaveFileKilledMidWrite) {
+  const std::string dir = temp_dir();
+  ASSERT_FALSE(dir.empty());
+  std::unique_ptr<Session> a = busy(20, 150, 2);
+  const std::vector<uint8_t> img = snap(*a);
+  const std::string path = dir + "/s.geistsnap";
+  ASSERT_TRUE(a->save_file(path));
+  for (int round = 0; round < 12; ++round) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {  // the child only saves: no thread pool work after fork
+      for (;;) {
+        if (!a->save_file(path)) _exit(3);
+      }
+    }
+    usleep(2000 + 1500 * round);
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the saving child failed: status " << status;
+    EXPECT_TRUE(test::read_file(path) == img) << "round " << round << ": PATH is not the whole snapshot";
+  }
+  ASSERT_TRUE(a->save_file(path));
+  EXPECT_EQ(temp_files(dir), std::vector<std::string>{});
+  remove_tree(dir);
+}
+
+// load_file refuses a FIFO at once (no writer: it would block forever) and reads only the
+// header of a large file that is not a snapshot (no allocation of its size).
+TEST_F(SnapshotInt, LoadFileLooksAtTheHeaderFirst) {
+  const std::string dir = temp_dir();
+  ASSERT_FALSE(dir.empty());
+  std::unique_ptr<Session> t = busy(3, 3, 0);
+  const std::vector<uint8_t> before = snap(*t);
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  Status st = t->load_file(fifo);
+  EXPECT_EQ(st.code(), GEIST_E_IO) << st.to_string();
+  EXPECT_NE(st.message().find("FIFO"), std::string::npos) << st.message();
+
+  const std::string big = dir + "/big.bin";
+  {
+    const int fd = open(big.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, off_t(2) << 30), 0);  // 2 GiB, sparse
+    ASSERT_EQ(pwrite(fd, "not a snapshot", 14, 0), 14);
+    close(fd);
+  }
+  struct rusage r0 {}, r1 {};
+  getrusage(RUSAGE_SELF, &r0);
+  st = t->load_file(big);
+  getrusage(RUSAGE_SELF, &r1);
+  EXPECT_EQ(st.code(), GEIST_E_BAD_FORMAT) << st.to_string();
+  EXPECT_NE(st.message().find("not a geist session snapshot"), std::string::npos) << st.message();
+  EXPECT_LT(r1.ru_maxrss - r0.ru_maxrss, 256 * 1024) << "peak RSS grew by " << (r1.ru_maxrss - r0.ru_maxrss)
+                                                     << " KiB: the file was read";
+  // A snapshot header whose size is not the file's: refused before the rest is read.
+  std::vector<uint8_t> img = snap(*t);
+  img.resize(img.size() + 1);
+  const std::string longer = dir + "/longer.geistsnap";
+  write_file(longer, std::string(img.begin(), img.end()));
+  st = t->load_file(longer);
+  EXPECT_EQ(st.code(), GEIST_E_BAD_FORMAT) << st.to_string();
+  EXPECT_NE(st.message().find("header says"), std::string::npos) << st.message();
+  EXPECT_TRUE(snap(*t) == before);
+  remove_tree(dir);
 }
 
 // The C ABI maps the same statuses and records the message on the session.

@@ -15,7 +15,11 @@
  * - Thread safety: a geist_model is immutable after load; any number of threads may use
  *   it at once (tokenize, create sessions). A geist_session is used by one thread at a
  *   time (it may move between threads); different sessions run concurrently, each on its
- *   own threads, sharing one copy of the weights. A session keeps its model alive:
+ *   own threads, sharing one copy of the weights. A call on a session that another
+ *   thread is inside of is refused with GEIST_E_STATE ("in use by another thread"; the
+ *   message goes to geist_last_error() only) instead of corrupting it; this guard is not a
+ *   lock (the caller must still serialize) and does not cover the size/count getters,
+ *   geist_session_logits or geist_session_free. A session keeps its model alive:
  *   geist_model_free() on a model with live sessions releases it when the last session
  *   is freed.
  * - Params structs: start from geist_*_params_default() and change fields. The structs'
@@ -296,6 +300,12 @@ GEIST_API geist_status geist_session_restore(geist_session *s, const void *buf, 
  * PATH. Statuses of snapshot/restore, plus GEIST_E_IO. */
 GEIST_API geist_status geist_session_save_file(const geist_session *s, const char *path);
 GEIST_API geist_status geist_session_load_file(geist_session *s, const char *path);
+
+/* GEIST_OK if geist_session_save_file may write path: the rule above, and path's
+ * directory takes a new file (probed without leaving anything). Otherwise GEIST_E_IO and
+ * a message saying why (geist_last_error). Lets an application refuse a bad path before
+ * it does any work. Changes nothing. */
+GEIST_API geist_status geist_snapshot_file_check(const char *path);
 
 /* A struct tag, not a typedef: the function below has the same name (C keeps tags in
  * their own namespace). Use `struct geist_session_stats` or geist_session_stats_t. */

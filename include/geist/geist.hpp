@@ -47,6 +47,11 @@ inline void throw_if(const Error &e) {
 }
 }  // namespace detail
 
+// OK if Session::save_file may write path (the rule of geist_snapshot_file_check).
+inline Error snapshot_file_check(const std::string &path) {
+  return detail::from(geist_snapshot_file_check(path.c_str()));
+}
+
 class Session;
 
 class Model {
@@ -223,9 +228,9 @@ class Session {
 
  private:
   explicit Session(geist_session *s) : s_(s) {}
-  Error err(geist_status st) const {
-    return st == GEIST_OK ? Error{} : Error{st, geist_session_error(s_)[0] ? geist_session_error(s_) : geist_last_error()};
-  }
+  // The thread's last error is the failed call's message in every case (a call refused
+  // because another thread holds the session does not touch the session's message).
+  Error err(geist_status st) const { return st == GEIST_OK ? Error{} : Error{st, geist_last_error()}; }
   geist_session *s_ = nullptr;
 };
 

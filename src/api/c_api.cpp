@@ -11,6 +11,7 @@
 #include "backends/cpu/isa.h"
 #include "engine/model.h"
 #include "engine/session.h"
+#include "engine/snapshot_file.h"
 #include "engine/tokenizer.h"
 #include "geist/geist.h"
 #include "geist_version.h"  // generated at build time (cmake/version.cmake)
@@ -23,6 +24,9 @@ struct geist_session {
   std::shared_ptr<geist::Model> model;  // keeps the weights alive
   std::unique_ptr<geist::Session> session;
   std::string error;
+  // Set while a call runs on this session: a second thread's call is refused with
+  // GEIST_E_STATE instead of racing (one uncontended atomic exchange per call).
+  std::atomic<bool> busy{false};
 };
 
 namespace {
@@ -56,6 +60,34 @@ geist_status guarded(geist_session *s, Fn &&fn) noexcept {
     return fail(GEIST_E_INTERNAL, "internal error: unknown exception", s);
   }
 }
+
+// Marks s busy for the scope of one call; ok() is false if another thread holds it.
+class InUse {
+ public:
+  explicit InUse(const geist_session *s) : s_(const_cast<geist_session *>(s)) {
+    held_ = !s_->busy.exchange(true, std::memory_order_acquire);
+  }
+  ~InUse() {
+    if (held_) s_->busy.store(false, std::memory_order_release);
+  }
+  InUse(const InUse &) = delete;
+  InUse &operator=(const InUse &) = delete;
+  bool ok() const { return held_; }
+  // The status of a refused call. The message goes to this thread's last error only:
+  // the session's own message belongs to the thread that holds it.
+  static geist_status refuse() {
+    return fail(GEIST_E_STATE, "the session is in use by another thread (a session takes one call at a time)");
+  }
+
+ private:
+  geist_session *s_;
+  bool held_ = false;
+};
+
+#define GEIST_SESSION_ENTER(s)                                   \
+  if ((s) == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL"); \
+  InUse in_use_(s);                                              \
+  if (!in_use_.ok()) return InUse::refuse()
 
 geist::SamplerParams to_cpp(const geist_sampling_params &p) {
   geist::SamplerParams q;
@@ -293,7 +325,7 @@ void geist_session_free(geist_session *s) { delete s; }
 const char *geist_session_error(const geist_session *s) { return s ? s->error.c_str() : ""; }
 
 geist_status geist_session_prefill_tokens(geist_session *s, const geist_token *t, size_t n) {
-  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  GEIST_SESSION_ENTER(s);
   return guarded(s, [&] {
     GEIST_NULL_CHECK(t, s);
     return report(s->session->prefill(t, n), s);
@@ -302,7 +334,7 @@ geist_status geist_session_prefill_tokens(geist_session *s, const geist_token *t
 
 geist_status geist_session_prefill_logits(geist_session *s, const geist_token *t, size_t n, size_t first, float *out,
                                           size_t cap) {
-  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  GEIST_SESSION_ENTER(s);
   return guarded(s, [&] {
     GEIST_NULL_CHECK(t, s);
     GEIST_NULL_CHECK(out, s);
@@ -321,7 +353,7 @@ geist_status geist_session_prefill_logits(geist_session *s, const geist_token *t
 }
 
 geist_status geist_session_pin_prefix(geist_session *s, const geist_token *t, size_t n) {
-  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  GEIST_SESSION_ENTER(s);
   return guarded(s, [&] {
     GEIST_NULL_CHECK(t, s);
     return report(s->session->pin_prefix(t, n), s);
@@ -329,13 +361,13 @@ geist_status geist_session_pin_prefix(geist_session *s, const geist_token *t, si
 }
 
 geist_status geist_session_unpin(geist_session *s) {
-  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  GEIST_SESSION_ENTER(s);
   s->session->unpin();
   return GEIST_OK;
 }
 
 geist_status geist_session_reset(geist_session *s) {
-  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  GEIST_SESSION_ENTER(s);
   return guarded(s, [&] {
     s->session->reset();
     return GEIST_OK;
@@ -343,23 +375,23 @@ geist_status geist_session_reset(geist_session *s) {
 }
 
 geist_status geist_session_clear(geist_session *s) {
-  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  GEIST_SESSION_ENTER(s);
   s->session->clear();
   return GEIST_OK;
 }
 
 geist_status geist_session_decode_step(geist_session *s, geist_token *out) {
-  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  GEIST_SESSION_ENTER(s);
   return guarded(s, [&] { return report(s->session->decode_step(out), s); });
 }
 
 geist_status geist_session_sample(geist_session *s, geist_token *out) {
-  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  GEIST_SESSION_ENTER(s);
   return guarded(s, [&] { return report(s->session->sample(out), s); });
 }
 
 geist_status geist_session_set_sampling(geist_session *s, const geist_sampling_params *p) {
-  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  GEIST_SESSION_ENTER(s);
   return guarded(s, [&] {
     GEIST_NULL_CHECK(p, s);
     return report(s->session->set_sampling(to_cpp(*p)), s);
@@ -380,7 +412,7 @@ int32_t geist_session_n_threads(const geist_session *s) { return s ? s->session-
 int32_t geist_session_chunk(const geist_session *s) { return s ? s->session->chunk() : 0; }
 
 geist_status geist_session_tokens(const geist_session *s, geist_token *out, size_t cap, size_t *n_out) {
-  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  GEIST_SESSION_ENTER(s);
   auto *ms = const_cast<geist_session *>(s);  // error message only
   GEIST_NULL_CHECK(n_out, ms);
   if (out == nullptr && cap > 0) return fail(GEIST_E_INVALID_ARGUMENT, "out is NULL but cap > 0", ms);
@@ -398,7 +430,7 @@ geist_status geist_session_tokens(const geist_session *s, geist_token *out, size
 }
 
 geist_status geist_session_snapshot_size(const geist_session *s, size_t *size) {
-  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  GEIST_SESSION_ENTER(s);
   auto *ms = const_cast<geist_session *>(s);
   GEIST_NULL_CHECK(size, ms);
   *size = s->session->snapshot_size();
@@ -406,7 +438,7 @@ geist_status geist_session_snapshot_size(const geist_session *s, size_t *size) {
 }
 
 geist_status geist_session_snapshot(const geist_session *s, void *buf, size_t cap, size_t *written) {
-  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  GEIST_SESSION_ENTER(s);
   auto *ms = const_cast<geist_session *>(s);
   return guarded(ms, [&] {
     GEIST_NULL_CHECK(written, ms);
@@ -416,12 +448,12 @@ geist_status geist_session_snapshot(const geist_session *s, void *buf, size_t ca
 }
 
 geist_status geist_session_restore(geist_session *s, const void *buf, size_t size) {
-  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  GEIST_SESSION_ENTER(s);
   return guarded(s, [&] { return report(s->session->restore(buf, size), s); });
 }
 
 geist_status geist_session_save_file(const geist_session *s, const char *path) {
-  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  GEIST_SESSION_ENTER(s);
   auto *ms = const_cast<geist_session *>(s);
   return guarded(ms, [&] {
     GEIST_NULL_CHECK(path, ms);
@@ -430,15 +462,22 @@ geist_status geist_session_save_file(const geist_session *s, const char *path) {
 }
 
 geist_status geist_session_load_file(geist_session *s, const char *path) {
-  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  GEIST_SESSION_ENTER(s);
   return guarded(s, [&] {
     GEIST_NULL_CHECK(path, s);
     return report(s->session->load_file(path), s);
   });
 }
 
+geist_status geist_snapshot_file_check(const char *path) {
+  return guarded(nullptr, [&] {
+    GEIST_NULL_CHECK(path, nullptr);
+    return report(geist::check_snapshot_target(path));
+  });
+}
+
 geist_status geist_session_stats(const geist_session *s, struct geist_session_stats *out) {
-  if (s == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "s is NULL");
+  GEIST_SESSION_ENTER(s);
   auto *ms = const_cast<geist_session *>(s);
   GEIST_NULL_CHECK(out, ms);
   const geist::SessionStats &st = s->session->stats();

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <utility>
 
+#include "base/file_util.h"
+
 namespace geist {
 
 MappedFile::~MappedFile() {
@@ -41,7 +43,8 @@ void MappedFile::reset() {
 Result<MappedFile> MappedFile::open(const std::string &path) {
   int fd;
   do {
-    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO without a writer would block open() forever; it is refused below.
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   } while (fd < 0 && errno == EINTR);
   if (fd < 0) {
     return GEIST_ERROR(GEIST_E_IO, "cannot open '%s': %s", path.c_str(), std::strerror(errno));
@@ -54,7 +57,8 @@ Result<MappedFile> MappedFile::open(const std::string &path) {
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return GEIST_ERROR(GEIST_E_IO, "cannot map '%s': not a regular file", path.c_str());
+    return GEIST_ERROR(GEIST_E_IO, "cannot map '%s': it is %s, not a regular file", path.c_str(),
+                       file_kind(st.st_mode));
   }
   if (st.st_size <= 0) {
     ::close(fd);

@@ -14,9 +14,6 @@
 //   ckpt     per sliding layer: K then V rows of positions [max(0, P - (W - 1)), P)
 //            if n_pinned = P > 0 and not flags & kCheckpointLive (then n_tokens == P and
 //            the checkpoint is the kv section's rows)
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -26,13 +23,14 @@
 
 #include "base/timer.h"
 #include "engine/session.h"
+#include "engine/snapshot_file.h"
 
 namespace geist {
 namespace {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "snapshot I/O assumes a little-endian host");
 
-constexpr char kMagic[8] = {'G', 'E', 'I', 'S', 'T', 'S', 'N', 'P'};
+constexpr const char *kMagic = kSnapshotMagic;
 constexpr uint32_t kVersion = 1;
 constexpr uint32_t kHasLogits = 1u << 0;
 constexpr uint32_t kCheckpointLive = 1u << 1;
@@ -335,42 +333,45 @@ Status Session::restore(const void *buf, size_t size) {
 }
 
 Status Session::save_file(const std::string &path) const {
+  // The target is checked before the image is built: a refused path costs nothing.
+  GEIST_RETURN_IF_ERROR(check_snapshot_target(path));
   std::vector<uint8_t> img(snapshot_size());
   size_t written = 0;
   GEIST_RETURN_IF_ERROR(snapshot(img.data(), img.size(), &written));
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  FILE *f = std::fopen(tmp.c_str(), "wb");
-  if (!f) return GEIST_ERROR(GEIST_E_IO, "cannot create '%s': %s", tmp.c_str(), std::strerror(errno));
-  bool ok = std::fwrite(img.data(), 1, written, f) == written;
-  ok = ok && std::fflush(f) == 0 && fsync(fileno(f)) == 0;  // the bytes are on disk before the rename
-  const int err = errno;
-  if (std::fclose(f) != 0 || !ok) {
-    std::remove(tmp.c_str());
-    return GEIST_ERROR(GEIST_E_IO, "cannot write '%s': %s", tmp.c_str(), std::strerror(ok ? errno : err));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    return GEIST_ERROR(GEIST_E_IO, "cannot rename '%s' to '%s': %s", tmp.c_str(), path.c_str(), std::strerror(e));
-  }
-  return Status::ok();
+  return write_snapshot_file(path, img.data(), written);
 }
 
 Status Session::load_file(const std::string &path) {
-  FILE *f = std::fopen(path.c_str(), "rb");
-  if (!f) return GEIST_ERROR(GEIST_E_IO, "cannot open '%s': %s", path.c_str(), std::strerror(errno));
-  struct stat st;
-  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-    std::fclose(f);
-    return GEIST_ERROR(GEIST_E_IO, "'%s' is not a regular file", path.c_str());
-  }
-  std::vector<uint8_t> img(static_cast<size_t>(st.st_size));
-  const bool ok = std::fread(img.data(), 1, img.size(), f) == img.size();
-  std::fclose(f);
-  if (!ok) return GEIST_ERROR(GEIST_E_IO, "cannot read '%s'", path.c_str());
-  // An empty file is a format error, not a NULL buffer (an empty vector's data() may be NULL).
-  static const uint8_t kNone = 0;
-  Status s = restore(img.empty() ? &kNone : img.data(), img.size());
+  // The header is checked before the rest is read: a large file that is not a snapshot
+  // of this model costs 72 bytes of reading, not its size in memory.
+  auto check = [&](const uint8_t *h, size_t got, uint64_t file_size) -> Status {
+    if (got < kHeaderBytes || std::memcmp(h, kSnapshotMagic, 8) != 0) {
+      return GEIST_ERROR(GEIST_E_BAD_FORMAT, "'%s' is not a geist session snapshot (%llu bytes, no GEISTSNP header)",
+                         path.c_str(), (unsigned long long)file_size);
+    }
+    uint32_t version;
+    uint64_t total, fingerprint;
+    std::memcpy(&version, h + 8, 4);
+    std::memcpy(&total, h + 16, 8);
+    std::memcpy(&fingerprint, h + 32, 8);
+    if (version != kVersion) {
+      return GEIST_ERROR(GEIST_E_UNSUPPORTED, "'%s': snapshot version %u; this build reads version %u", path.c_str(),
+                         version, kVersion);
+    }
+    if (total != file_size) {
+      return GEIST_ERROR(GEIST_E_BAD_FORMAT, "'%s': snapshot is %llu bytes but its header says %llu (truncated?)",
+                         path.c_str(), (unsigned long long)file_size, (unsigned long long)total);
+    }
+    if (fingerprint != model_.fingerprint()) {
+      return GEIST_ERROR(GEIST_E_MISMATCH,
+                         "'%s': snapshot was made with another model (fingerprint %016llx, this model %016llx)",
+                         path.c_str(), (unsigned long long)fingerprint, (unsigned long long)model_.fingerprint());
+    }
+    return Status::ok();
+  };
+  std::vector<uint8_t> img;
+  GEIST_RETURN_IF_ERROR(read_snapshot_file(path, kHeaderBytes, check, &img));
+  Status s = restore(img.data(), img.size());
   if (!s) return Status(s.code(), "'" + path + "': " + s.message());
   return s;
 }
