@@ -349,7 +349,9 @@ TEST_F(CApi, BackendInfo) {
   const std::string isa = b.isa, best = b.isa_best;
   EXPECT_TRUE(isa == "generic" || isa == "avx2" || isa == "avx512") << isa;
   const char *env = std::getenv("GEIST_ISA");
-  if (!env || !*env) EXPECT_EQ(isa, best);
+  if (!env || !*env) {
+    EXPECT_EQ(isa, best);
+  }
   EXPECT_EQ(std::string(b.isa_detail).rfind(isa, 0), 0u) << b.isa_detail;
   EXPECT_EQ(b.packed_bytes > 0, isa != "generic");
   EXPECT_GE(b.repack_seconds, 0.0);

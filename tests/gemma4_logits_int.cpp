@@ -141,7 +141,7 @@ TEST_P(Gemma4Logits, Q8_0WeightsMatchTransformers) {
 TEST_P(Gemma4Logits, Q8_0DefaultArithmeticStaysClose) {
   std::unique_ptr<Model> m = load("tiny_gemma4_" + GetParam() + "_q8_0.gguf");
   ASSERT_TRUE(m);
-  for (const std::string ref : {GetParam() + "_q8_0", GetParam()}) {
+  for (const std::string &ref : {GetParam() + "_q8_0", GetParam()}) {
     const Agreement g = agreement(*m, ref);
     std::printf("Q8_0, q8 activations, vs HF on %s weights: top-1 %d/%d, KL mean %.3g max %.3g\n",
                 ref == GetParam() ? "the original" : "the dequantized", g.top1, g.n, g.kl_mean, g.kl_max);

@@ -15,6 +15,12 @@ Session::Session(const Model &m, const SessionParams &p, std::unique_ptr<models:
 
 Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionParams &p) {
   SessionParams q = p;
+  if (q.n_ctx == 0 && m.info().n_ctx_train > (int64_t(1) << 24)) {
+    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT,
+                       "the model's trained context (%lld tokens) is above the largest session context (%d); "
+                       "ask for a smaller one (n_ctx, geist's -c)",
+                       (long long)m.info().n_ctx_train, 1 << 24);
+  }
   if (q.n_ctx == 0) q.n_ctx = m.info().n_ctx_train;
   if (q.n_ctx < 1 || q.n_ctx > (int64_t(1) << 24)) {
     return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "n_ctx %lld out of range [1, %d]", (long long)q.n_ctx, 1 << 24);

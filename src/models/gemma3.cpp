@@ -70,10 +70,10 @@ Status Gemma3::load(const gguf::GgufFile &f) {
   int64_t v_len = 0;
   GEIST_ASSIGN_OR_RETURN(v_len, hp.get_int_or("attention.value_length", head_dim_));
   double eps = 0, base_g = 0, base_l = 0, softcap = 0, scale_factor = 1;
-  GEIST_ASSIGN_OR_RETURN(eps, hp.get_float("attention.layer_norm_rms_epsilon"));
-  GEIST_ASSIGN_OR_RETURN(base_g, hp.get_float_or("rope.freq_base", 1e6));
-  GEIST_ASSIGN_OR_RETURN(base_l, hp.get_float_or("rope.freq_base_swa", 1e4));
-  GEIST_ASSIGN_OR_RETURN(softcap, hp.get_float_or("final_logit_softcapping", 0.0));
+  GEIST_ASSIGN_OR_RETURN(eps, hp.get_positive_float("attention.layer_norm_rms_epsilon"));
+  GEIST_ASSIGN_OR_RETURN(base_g, hp.get_positive_float_or("rope.freq_base", 1e6));
+  GEIST_ASSIGN_OR_RETURN(base_l, hp.get_positive_float_or("rope.freq_base_swa", 1e4));
+  GEIST_ASSIGN_OR_RETURN(softcap, hp.get_nonneg_float_or("final_logit_softcapping", 0.0));
   int64_t window = 0, pattern = 6, rope_dim = 0;
   GEIST_ASSIGN_OR_RETURN(window, hp.get_int_or("attention.sliding_window", 0));
   GEIST_ASSIGN_OR_RETURN(pattern, hp.get_int_or("attention.sliding_window_pattern", 6));
@@ -81,7 +81,7 @@ Status Gemma3::load(const gguf::GgufFile &f) {
   std::string scaling_type;
   GEIST_ASSIGN_OR_RETURN(scaling_type, hp.get_string_or("rope.scaling.type", "none"));
   if (scaling_type == "linear") {
-    GEIST_ASSIGN_OR_RETURN(scale_factor, hp.get_float_or("rope.scaling.factor", 1.0));
+    GEIST_ASSIGN_OR_RETURN(scale_factor, hp.get_positive_float_or("rope.scaling.factor", 1.0));
   } else if (scaling_type != "none") {
     return GEIST_ERROR(GEIST_E_UNSUPPORTED, "gemma3: rope.scaling.type '%s' is not supported", scaling_type.c_str());
   }

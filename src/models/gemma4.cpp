@@ -141,10 +141,10 @@ Status Gemma4::load_hparams(const gguf::GgufFile &f, std::vector<bool> *sliding,
   GEIST_ASSIGN_OR_RETURN(rope_dim, hp.get_int_or("rope.dimension_count", hd_full_));
   GEIST_ASSIGN_OR_RETURN(rope_dim_swa, hp.get_int_or("rope.dimension_count_swa", hd_swa_));
   double eps = 0, base_full = 0, base_swa = 0, softcap = 0;
-  GEIST_ASSIGN_OR_RETURN(eps, hp.get_float("attention.layer_norm_rms_epsilon"));
-  GEIST_ASSIGN_OR_RETURN(base_full, hp.get_float_or("rope.freq_base", 1e6));
-  GEIST_ASSIGN_OR_RETURN(base_swa, hp.get_float_or("rope.freq_base_swa", 1e4));
-  GEIST_ASSIGN_OR_RETURN(softcap, hp.get_float_or("final_logit_softcapping", 0.0));
+  GEIST_ASSIGN_OR_RETURN(eps, hp.get_positive_float("attention.layer_norm_rms_epsilon"));
+  GEIST_ASSIGN_OR_RETURN(base_full, hp.get_positive_float_or("rope.freq_base", 1e6));
+  GEIST_ASSIGN_OR_RETURN(base_swa, hp.get_positive_float_or("rope.freq_base_swa", 1e4));
+  GEIST_ASSIGN_OR_RETURN(softcap, hp.get_nonneg_float_or("final_logit_softcapping", 0.0));
   GEIST_ASSIGN_OR_RETURN(*sliding, layer_bools(f, "gemma4.attention.sliding_window_pattern", n_layer));
 
   bool ok = n_embd_ >= 1 && n_head_ >= 1 && n_head_kv_ >= 1 && n_head_ % n_head_kv_ == 0 && hd_full_ >= 2 &&

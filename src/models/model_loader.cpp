@@ -27,12 +27,34 @@ Result<double> HparamReader::get_float(std::string_view key) const {
   if (!v) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "missing required key '%s'", k.c_str());
   auto x = v->as_float();
   if (!x) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "key '%s' must be a number", k.c_str());
+  if (!std::isfinite(*x)) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "key '%s' is %g; it must be a finite number", k.c_str(), *x);
   return *x;
 }
 
 Result<double> HparamReader::get_float_or(std::string_view key, double dflt) const {
   if (!f_.find(full(key))) return dflt;
   return get_float(key);
+}
+
+Result<double> HparamReader::get_positive_float(std::string_view key) const {
+  double x = 0;
+  GEIST_ASSIGN_OR_RETURN(x, get_float(key));
+  if (!(x > 0) || !(float(x) > 0)) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT, "key '%s' is %g; it must be > 0", full(key).c_str(), x);
+  }
+  return x;
+}
+
+Result<double> HparamReader::get_positive_float_or(std::string_view key, double dflt) const {
+  if (!f_.find(full(key))) return dflt;
+  return get_positive_float(key);
+}
+
+Result<double> HparamReader::get_nonneg_float_or(std::string_view key, double dflt) const {
+  double x = 0;
+  GEIST_ASSIGN_OR_RETURN(x, get_float_or(key, dflt));
+  if (!(x >= 0)) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "key '%s' is %g; it must be >= 0", full(key).c_str(), x);
+  return x;
 }
 
 Result<std::string> HparamReader::get_string_or(std::string_view key, std::string dflt) const {

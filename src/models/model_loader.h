@@ -20,8 +20,14 @@ class HparamReader {
   HparamReader(const gguf::GgufFile &f, std::string prefix) : f_(f), prefix_(std::move(prefix)) {}
   Result<int64_t> get_int(std::string_view key) const;
   Result<int64_t> get_int_or(std::string_view key, int64_t dflt) const;
+  // Floats must be finite (NaN and infinities are refused, naming the key).
   Result<double> get_float(std::string_view key) const;
   Result<double> get_float_or(std::string_view key, double dflt) const;
+  // As get_float(_or), and the value must be > 0 (and stay > 0 as a float: eps, RoPE
+  // bases, scale factors) or >= 0 (softcaps, where 0 means off).
+  Result<double> get_positive_float(std::string_view key) const;
+  Result<double> get_positive_float_or(std::string_view key, double dflt) const;
+  Result<double> get_nonneg_float_or(std::string_view key, double dflt) const;
   Result<std::string> get_string_or(std::string_view key, std::string dflt) const;
   // A key that may be a scalar or a per-layer array of n_layer entries; architectures with
   // uniform layers require every entry to be equal.

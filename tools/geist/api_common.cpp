@@ -1,8 +1,12 @@
 #include "api_common.h"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <fstream>
+#include <random>
+
+#include "commands.h"
 
 #include "base/thread_pool.h"
 #include "engine/model_paths.h"
@@ -59,26 +63,50 @@ void add_gen_options(CLI::App *sub, GenOptions *o) {
   o->model = default_model_file();
   sub->add_option("-m,--model", o->model, "GGUF model file (default: the fetched default model)")
       ->capture_default_str();
-  sub->add_option("-t,--threads", o->threads, "Threads (0: all)")->capture_default_str()->check(CLI::Range(0, 512));
+  sub->add_option("-t,--threads", o->threads, "Threads (0: all)")->capture_default_str()->check(int_range(0, 512));
   sub->add_option("-c,--ctx-size", o->n_ctx, "Context size in tokens (0: the model's)")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+      ->check(int_range(int64_t(0), int64_t(1) << 24));
   sub->add_option("-b,--batch-size", o->batch, "Prefill chunk size")
       ->capture_default_str()
-      ->check(CLI::Range(1, 65536));
+      ->check(int_range(1, 65536));
   geist_sampling_params &sp = o->sampling;
   sub->add_option("--temp", sp.temperature, "Temperature (0: greedy)")
       ->capture_default_str()
-      ->check(CLI::Range(0.0f, 100.0f));
+      ->check(real_range(0.0, 100.0));
   sub->add_option("--top-k", sp.top_k, "Top-k (0: off)")->capture_default_str();
-  sub->add_option("--top-p", sp.top_p, "Top-p (1: off)")->capture_default_str()->check(CLI::Range(0.0f, 1.0f));
-  sub->add_option("--min-p", sp.min_p, "Min-p (0: off)")->capture_default_str()->check(CLI::Range(0.0f, 1.0f));
+  sub->add_option("--top-p", sp.top_p, "Top-p (1: off)")->capture_default_str()->check(real_range(0.0, 1.0));
+  sub->add_option("--min-p", sp.min_p, "Min-p (0: off)")->capture_default_str()->check(real_range(0.0, 1.0));
   sub->add_option("--repeat-penalty", sp.repeat_penalty, "Repetition penalty (1: off)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(real_above(0.0));
   sub->add_option("--repeat-last-n", sp.repeat_last_n, "Tokens the penalty looks back (0: off, -1: all)")
       ->capture_default_str();
-  sub->add_option("-s,--seed", sp.seed, "Sampling seed")->capture_default_str();
+  // A uint64; -1 asks for a random one (llama.cpp's meaning), printed so the run can be
+  // repeated. Anything else (2^64, -2, "abc") is an error, not a silent alias.
+  sub->add_option_function<std::string>(
+         "-s,--seed",
+         [o](const std::string &v) {
+           if (v == "-1") {
+             o->random_seed = true;
+             return;
+           }
+           o->random_seed = false;
+           std::from_chars(v.data(), v.data() + v.size(), o->sampling.seed);
+         },
+         "Sampling seed: 0 to 2^64-1, or -1 for a random one (default " + std::to_string(sp.seed) + ")")
+      ->check(CLI::Validator(
+          [](std::string &v) -> std::string {
+            if (v == "-1") return std::string();
+            uint64_t x;
+            const auto r = std::from_chars(v.data(), v.data() + v.size(), x);
+            if (r.ec == std::errc::result_out_of_range) return "'" + v + "' is outside [0, 2^64-1] (or -1: random)";
+            if (v.empty() || r.ec != std::errc() || r.ptr != v.data() + v.size()) {
+              return "'" + v + "' is not a seed (0 to 2^64-1, or -1: random)";
+            }
+            return std::string();
+          },
+          "UINT64|-1"));
 }
 
 int report(const api::Error &e) {
@@ -93,6 +121,7 @@ bool load_api_model(const std::string &path, api::Model *out, double *load_secon
                  path.c_str());
     return false;
   }
+  note_model_path(path);
   const auto t0 = std::chrono::steady_clock::now();
   if (api::Error e = api::Model::load(path, out)) {
     report(e);
@@ -104,6 +133,13 @@ bool load_api_model(const std::string &path, api::Model *out, double *load_secon
 
 bool create_session(const api::Model &m, const GenOptions &o, api::Session *out) {
   geist_session_params p = geist_session_params_default();
+  if (o.random_seed && !o.seed_drawn) {
+    std::random_device rd;
+    o.sampling.seed = (uint64_t(rd()) << 32) ^ rd();
+    o.seed_drawn = true;
+    std::fprintf(stderr, "seed: %llu (random; pass -s %llu to repeat)\n", (unsigned long long)o.sampling.seed,
+                 (unsigned long long)o.sampling.seed);
+  }
   p.n_ctx = o.n_ctx;
   p.n_threads = o.threads;
   p.chunk = o.batch;

@@ -19,7 +19,11 @@ struct GenOptions {
   int threads = 0;
   int64_t n_ctx = 0;
   int batch = 256;
-  geist_sampling_params sampling = geist_sampling_params_default();
+  // -s -1: drawn from std::random_device when the first session is made, printed on
+  // stderr (mutable: the draw happens once, in create_session).
+  mutable geist_sampling_params sampling = geist_sampling_params_default();
+  bool random_seed = false;
+  mutable bool seed_drawn = false;
 };
 
 // -m, -t, -c, -b and the sampling flags (--temp, --top-k, --top-p, --min-p,
@@ -57,11 +61,12 @@ class TextStream {
   std::string pending_;         // bytes of an incomplete UTF-8 sequence (at most 3)
 };
 
-// Write bytes to stdout and flush (streamed output).
-inline void emit(const std::string &s) {
-  if (s.empty()) return;
-  std::fwrite(s.data(), 1, s.size(), stdout);
-  std::fflush(stdout);
+// Write bytes to stdout and flush (streamed output). False once stdout failed (a full
+// disk, a closed pipe): the caller stops generating; main reports the error.
+inline bool emit(const std::string &s) {
+  if (s.empty()) return !std::ferror(stdout);
+  const bool ok = std::fwrite(s.data(), 1, s.size(), stdout) == s.size();
+  return std::fflush(stdout) == 0 && ok;
 }
 
 }  // namespace geist::cli

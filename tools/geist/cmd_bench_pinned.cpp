@@ -623,29 +623,29 @@ Runner add_bench_pinned(CLI::App &bench) {
   add_bench_common(sub, &o->c);
   sub->add_option("-t,--threads", o->threads, "Threads per session (0: all)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 512));
+      ->check(int_range(0, 512));
   sub->add_option("-c,--ctx-size", o->n_ctx, "Context of each session in tokens (0: the model's)")
       ->capture_default_str()
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+      ->check(int_range(int64_t(0), int64_t(1) << 24));
   sub->add_option("-S,--sessions", o->sessions, "Sessions (document figures)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1000));
+      ->check(int_range(1, 1000));
   sub->add_option("-R,--requests", o->requests, "Requests per session")
       ->capture_default_str()
-      ->check(CLI::Range(1, 1000000));
+      ->check(int_range(1, 1000000));
   sub->add_option("-P,--prompt-tokens", o->prompt, "Tokens of each prompt (prefix + request)")
       ->capture_default_str()
-      ->check(CLI::Range(2, 1 << 24));
+      ->check(int_range(2, 1 << 24));
   sub->add_option("-f,--prefix-fraction", o->fraction,
                   "Fraction of the prompt that is the session's constant prefix")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(real_range(0.0, 1.0));
   sub->add_option("-b,--chunk", o->chunk, "Prefill chunk in tokens (as apps call prefill_tokens)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 65536));
+      ->check(int_range(1, 65536));
   sub->add_option("-n,-G,--gen-tokens", o->gen, "Tokens generated per request (greedy)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 20));
+      ->check(int_range(0, 1 << 20));
   sub->add_option("--mode", o->modes, "Modes to run, comma-separated: full, pin, snapshot")
       ->delimiter(',')
       ->capture_default_str()

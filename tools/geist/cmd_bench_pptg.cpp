@@ -159,27 +159,27 @@ Runner add_bench_pptg(CLI::App &bench) {
                   "Prompt tokens of the pp tests (comma-separated; 0: none)")
       ->delimiter(',')
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 20));
+      ->check(int_range(0, 1 << 20));
   sub->add_option("-n,--n-gen", o->n_gen,
                   "Generated tokens of the tg tests (comma-separated; 0: none)")
       ->delimiter(',')
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 20));
+      ->check(int_range(0, 1 << 20));
   sub->add_option("-d,--n-depth", o->n_depth, "Tokens already in the context (comma-separated)")
       ->delimiter(',')
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 24));
+      ->check(int_range(0, 1 << 24));
   sub->add_option("-t,--threads", o->threads, "Threads (comma-separated; 0: all)")
       ->delimiter(',')
       ->capture_default_str()
-      ->check(CLI::Range(0, 512));
+      ->check(int_range(0, 512));
   sub->add_option("-r,--repetitions", o->reps, "Repetitions of each test")
       ->capture_default_str()
-      ->check(CLI::Range(1, 100000));
+      ->check(int_range(1, 100000));
   sub->add_option("-b,--batch-size,-u,--ubatch-size", o->batch,
                   "Prefill chunk (llama-bench's ubatch)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 65536));
+      ->check(int_range(1, 65536));
   sub->add_option("-o,--output", o->output, "Output format on stdout: md, csv or json")
       ->capture_default_str()
       ->check(CLI::IsMember({"md", "csv", "json"}));

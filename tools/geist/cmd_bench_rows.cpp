@@ -163,28 +163,28 @@ Runner add_bench_rows(CLI::App &bench) {
   add_bench_common(sub, &o->c);
   sub->add_option("-t,--threads", o->threads, "Threads (0: all)")
       ->capture_default_str()
-      ->check(CLI::Range(0, 512));
+      ->check(int_range(0, 512));
   sub->add_option("--from", o->from, "Smallest n")
       ->capture_default_str()
-      ->check(CLI::Range(1, 65536));
-  sub->add_option("--to", o->to, "Largest n")->capture_default_str()->check(CLI::Range(1, 65536));
+      ->check(int_range(1, 65536));
+  sub->add_option("--to", o->to, "Largest n")->capture_default_str()->check(int_range(1, 65536));
   sub->add_option("-l,--list", o->list,
                   "Row counts to measure instead of --from..--to (comma-separated)")
       ->delimiter(',')
-      ->check(CLI::Range(1, 65536));
+      ->check(int_range(1, 65536));
   sub->add_option("-r,--repetitions", o->reps, "Timings of each n (the median is used)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 10000));
+      ->check(int_range(1, 10000));
   sub->add_option("-d,--depth", o->depth, "Tokens already in the context before each call")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 24));
+      ->check(int_range(0, 1 << 24));
   sub->add_option("--align", o->align, "Row multiple of the aligned neighbours")
       ->capture_default_str()
-      ->check(CLI::Range(1, 4096));
+      ->check(int_range(1, 4096));
   sub->add_option("--threshold", o->threshold,
                   "Flag per-row cost more than this fraction above the line")
       ->capture_default_str()
-      ->check(CLI::Range(0.0, 100.0));
+      ->check(real_range(0.0, 100.0));
   return [o] { return run(*o); };
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "api_common.h"
+#include "base/file_util.h"
 #include "commands.h"
 
 namespace geist::cli {
@@ -26,7 +27,8 @@ struct ChatOptions {
   int n_predict = 512;
 };
 
-enum class Turn { kApplied, kNotApplied, kFailed };
+// kOutputFailed: stdout failed mid-reply; the chat stops and main reports the error.
+enum class Turn { kApplied, kNotApplied, kFailed, kOutputFailed };
 
 // One user turn and the model's reply (streamed). kNotApplied if the context cannot hold
 // it (message printed, session as before); kFailed after printing an error.
@@ -84,10 +86,9 @@ Turn chat_turn(api::Session &s, const api::Model &model, const ChatFormat &fmt, 
       last = t;  // appended: <end_of_turn> is part of the history
       break;
     }
-    emit(text.push(t));
+    if (!emit(text.push(t))) return Turn::kOutputFailed;
   }
-  emit(text.flush());
-  emit("\n");
+  if (!emit(text.flush()) || !emit("\n")) return Turn::kOutputFailed;
   if (!full) {
     if (api::Error ce = s.prefill(fmt.close_model(last))) {
       if (ce.status != GEIST_E_CONTEXT_FULL) {
@@ -112,6 +113,18 @@ Turn chat_turn(api::Session &s, const api::Model &model, const ChatFormat &fmt, 
 }
 
 int chat(const ChatOptions &o) {
+  // --save is written after every turn: refuse a path geist may not write now, before the
+  // model loads and the first reply streams.
+  if (!o.save.empty()) {
+    if (same_file(o.save, o.g.model)) {
+      std::fprintf(stderr, "geist: error: --save '%s' is the model file; refusing to write it\n", o.save.c_str());
+      return 1;
+    }
+    if (api::Error e = api::snapshot_file_check(o.save)) {
+      std::fprintf(stderr, "geist: error: --save: %s\n", e.message.c_str());
+      return 1;
+    }
+  }
   api::Model model;
   if (!load_api_model(o.g.model, &model)) return 1;
   ChatFormat fmt;
@@ -149,7 +162,7 @@ int chat(const ChatOptions &o) {
       if (tty) std::fputs("(conversation reset)\n", stderr);
     } else {
       const Turn r = chat_turn(s, model, fmt, user, o, &backup);
-      if (r == Turn::kFailed) return 1;
+      if (r == Turn::kFailed || r == Turn::kOutputFailed) return 1;
       if (r == Turn::kNotApplied) continue;
       ++turns;
     }
@@ -177,7 +190,7 @@ Runner add_chat(CLI::App &app) {
   CLI::App *sub = app.add_subcommand("chat", "Chat with the model: user turns from stdin, one per line");
   sub->add_option("-n,--n-predict", o->n_predict, "Most tokens per reply")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 30));
+      ->check(int_range(0, 1 << 30));
   add_gen_options(sub, &o->g);
   sub->add_option("--system", o->system, "System text (folded into the first user turn and pinned)");
   sub->add_option("--save", o->save, "Save the session to this file after every turn");

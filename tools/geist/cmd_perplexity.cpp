@@ -103,11 +103,11 @@ Runner add_perplexity(CLI::App &app) {
   sub->add_option("-f,--file", o->file, "Text file")->required();
   sub->add_option("-c,--ctx,--ctx-size", o->n_ctx, "Window size in tokens")
       ->capture_default_str()
-      ->check(CLI::Range(16, 1 << 20));
+      ->check(int_range(16, 1 << 20));
   sub->add_option("-b,--batch-size", o->batch, "Prefill chunk size")
       ->capture_default_str()
-      ->check(CLI::Range(1, 65536));
-  sub->add_option("-t,--threads", o->threads, "Threads (0: all)")->capture_default_str()->check(CLI::Range(0, 512));
+      ->check(int_range(1, 65536));
+  sub->add_option("-t,--threads", o->threads, "Threads (0: all)")->capture_default_str()->check(int_range(0, 512));
   sub->add_option("--chunks", o->chunks, "Score at most this many windows (-1: all)")->capture_default_str();
   return [o] { return perplexity(*o); };
 }

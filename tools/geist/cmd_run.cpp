@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "api_common.h"
+#include "base/file_util.h"
 #include "commands.h"
 
 namespace geist::cli {
@@ -83,9 +84,43 @@ bool eval_with_cache(api::Session &s, const std::vector<geist_token> &prompt, co
   return true;
 }
 
+// The --prompt-cache file is written after the prompt is evaluated: refuse a path geist
+// may not write before any work is done (the model or prompt file itself, a file that is
+// not a geist snapshot, a device, a directory without write permission).
+bool check_prompt_cache(const RunOptions &o) {
+  const std::string &path = o.prompt_cache;
+  const char *what = same_file(path, o.g.model) ? "the model file"
+                     : !o.prompt_file.empty() && same_file(path, o.prompt_file) ? "the prompt file (-f)"
+                                                                                : nullptr;
+  if (what) {
+    std::fprintf(stderr, "geist: error: --prompt-cache '%s' is %s; refusing to write it\n", path.c_str(), what);
+    return false;
+  }
+  if (api::Error e = api::snapshot_file_check(path)) {
+    std::fprintf(stderr, "geist: error: --prompt-cache: %s\n", e.message.c_str());
+    return false;
+  }
+  return true;
+}
+
 int run(const RunOptions &o) {
+  if (!o.prompt.empty() && !o.prompt_file.empty()) {
+    std::fprintf(stderr, "geist: error: pass either -p TEXT or -f FILE, not both\n");
+    return 2;
+  }
+  if (!o.system.empty() && !o.chat) {
+    std::fprintf(stderr, "geist: error: --system needs --chat (it is the system turn of a chat prompt)\n");
+    return 2;
+  }
+  if (!o.prompt_cache.empty() && !check_prompt_cache(o)) return 1;
   std::string prompt = o.prompt;
-  if (!o.prompt_file.empty() && !read_text_file(o.prompt_file, &prompt)) return 1;
+  if (!o.prompt_file.empty()) {
+    if (!read_text_file(o.prompt_file, &prompt)) return 1;
+    if (prompt.empty() && !o.chat) {
+      std::fprintf(stderr, "geist: error: the prompt file '%s' is empty\n", o.prompt_file.c_str());
+      return 2;
+    }
+  }
   if (prompt.empty() && !o.chat) {
     std::fprintf(stderr, "geist: error: no prompt; pass -p TEXT or -f FILE\n");
     return 2;
@@ -131,7 +166,7 @@ int run(const RunOptions &o) {
     if (full) e = s.sample(&next);
     if (e) return report(e);
     if (!o.ignore_eos && model.is_eog(next)) break;
-    emit(text.push(next));
+    if (!emit(text.push(next))) return 1;  // main reports the write error
     if (full) {
       std::fprintf(stderr, "\ngeist: context of %zu tokens is full; stopping\n", s.n_ctx());
       break;
@@ -159,10 +194,10 @@ Runner add_run(CLI::App &app) {
   auto o = std::make_shared<RunOptions>();
   CLI::App *sub = app.add_subcommand("run", "Generate text from a prompt, streaming it as it decodes");
   sub->add_option("-p,--prompt", o->prompt, "Prompt text");
-  sub->add_option("-f,--file", o->prompt_file, "Read the prompt from a file");
+  sub->add_option("-f,--file", o->prompt_file, "Read the prompt from a file (at most 256 MiB; a pipe or - works too)");
   sub->add_option("-n,--n-predict", o->n_predict, "Tokens to generate")
       ->capture_default_str()
-      ->check(CLI::Range(0, 1 << 30));
+      ->check(int_range(0, 1 << 30));
   add_gen_options(sub, &o->g);
   sub->add_flag("--chat", o->chat, "Wrap the prompt in the model's chat turns");
   sub->add_option("--system", o->system, "System text for --chat");

@@ -1,10 +1,27 @@
 // geist: run language models locally from GGUF files.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <exception>
 #include <map>
+#include <new>
 
 #include "commands.h"
 
-int main(int argc, char **argv) {
+namespace {
+
+// Output that did not reach stdout (a full disk, /dev/full, a closed pipe) is an error:
+// one line on stderr and a non-zero exit, never a silent success.
+int check_stdout(int rc) {
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    const int e = errno;
+    std::fprintf(stderr, "geist: error: cannot write the output: %s\n", e ? std::strerror(e) : "write error");
+    return rc == 0 ? 1 : rc;
+  }
+  return rc;
+}
+
+int run_main(int argc, char **argv) {
   CLI::App app{"geist: run language models locally from GGUF files"};
   app.require_subcommand(1);
   app.set_version_flag("--version", geist::cli::build_info());
@@ -41,7 +58,24 @@ int main(int argc, char **argv) {
   }
   for (CLI::App *sub : app.get_subcommands()) {
     auto it = runners.find(sub);
-    if (it != runners.end()) return it->second();
+    if (it != runners.end()) return check_stdout(it->second());
   }
   return 2;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  geist::cli::install_fault_handlers();
+  // No exception leaves main: each becomes one error line and exit status 1.
+  try {
+    return run_main(argc, argv);
+  } catch (const std::bad_alloc &) {
+    std::fprintf(stderr, "geist: error: out of memory\n");
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "geist: error: internal error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "geist: error: internal error: unknown exception\n");
+  }
+  return 1;
 }

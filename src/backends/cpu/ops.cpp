@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <cmath>
@@ -118,7 +119,10 @@ thread_local quant::UnpackedRow t_unpacked;
 
 ActivationMode mode_from_env() {
   const char *e = std::getenv("GEIST_ACT");
-  return e && std::string(e) == "f32" ? ActivationMode::F32 : ActivationMode::Q8;
+  if (e == nullptr || *e == '\0' || std::string(e) == "q8") return ActivationMode::Q8;
+  if (std::string(e) == "f32") return ActivationMode::F32;
+  std::fprintf(stderr, "geist: GEIST_ACT=%s is not one of q8, f32; using q8\n", e);
+  return ActivationMode::Q8;
 }
 std::atomic<ActivationMode> g_act_mode{mode_from_env()};
 
