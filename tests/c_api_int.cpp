@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
@@ -447,6 +449,54 @@ TEST_F(CApi, SessionErrorIsPerSession) {
   const std::string msg = geist_session_error(a.get());
   prime_last_error();
   EXPECT_EQ(std::string(geist_session_error(a.get())), msg);
+}
+
+// Two threads on one session (forbidden by the header): the second thread's calls are
+// refused with GEIST_E_STATE while the first is inside one, instead of corrupting the
+// session. Every call that was not refused took effect exactly once.
+TEST_F(CApi, SecondThreadOnASessionIsRefused) {
+  SessionPtr s = make(4096, 16);
+  std::vector<geist_token> t(64);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = geist_token(3 + i % 200);
+  std::atomic<bool> stop{false};
+  std::atomic<int> a_ok{0}, a_refused{0}, b_ok{0}, b_refused{0}, other{0};
+  std::string other_msg;
+  auto worker = [&](std::atomic<int> *ok, std::atomic<int> *refused, size_t n) {
+    while (!stop.load()) {
+      const geist_status st = geist_session_prefill_tokens(s.get(), t.data(), n);
+      if (st == GEIST_OK) {
+        ok->fetch_add(1);
+      } else if (st == GEIST_E_STATE) {
+        EXPECT_NE(std::string(geist_last_error()).find("in use by another thread"), std::string::npos)
+            << geist_last_error();
+        refused->fetch_add(1);
+      } else if (st == GEIST_E_CONTEXT_FULL) {
+        size_t dummy = 0;
+        if (geist_session_snapshot_size(s.get(), &dummy) == GEIST_OK) geist_session_clear(s.get());
+      } else {
+        other.fetch_add(1);
+      }
+    }
+  };
+  std::thread a(worker, &a_ok, &a_refused, size_t(64)), b(worker, &b_ok, &b_refused, size_t(1));
+  const auto t0 = std::chrono::steady_clock::now();
+  while (a_refused.load() + b_refused.load() < 20 &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  stop = true;
+  a.join();
+  b.join();
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_GT(a_refused.load() + b_refused.load(), 0) << "the threads never overlapped in 5 s";
+  EXPECT_GT(a_ok.load() + b_ok.load(), 0);
+  // The session is intact: it still prefills and decodes, and its tokens are consistent.
+  ASSERT_EQ(geist_session_clear(s.get()), GEIST_OK);
+  ASSERT_EQ(geist_session_prefill_tokens(s.get(), t.data(), t.size()), GEIST_OK) << geist_last_error();
+  geist_token next = -1;
+  EXPECT_EQ(geist_session_decode_step(s.get(), &next), GEIST_OK);
+  EXPECT_EQ(geist_session_n_tokens(s.get()), t.size() + 1);
+  EXPECT_EQ(logits_of(s.get()).size(), size_t(geist_session_n_vocab(s.get())));
 }
 
 // ---- Size queries ----------------------------------------------------------------

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -81,9 +82,30 @@ void write_bytes(const std::string &path, const std::vector<uint8_t> &b) {
   ASSERT_TRUE(f.good()) << "cannot write " << path;
 }
 
+// How to run a child: stdin from a file holding `input` (from /dev/null if empty),
+// stdout to a temporary file or to `stdout_path` (e.g. /dev/full), extra environment
+// variables "K=V".
+struct RunOptions {
+  std::string input;
+  int timeout_s = 60;
+  std::string stdout_path;
+  std::vector<std::string> env;
+};
+
+ProcResult run_geist_with(const std::vector<std::string> &args, const RunOptions &o);
+
 // Run geist with args, stdout and stderr to files in dir, stdin from a file holding
 // `input` (from /dev/null if input is empty).
 ProcResult run_geist(const std::vector<std::string> &args, const std::string &input = "", int timeout_s = 60) {
+  RunOptions o;
+  o.input = input;
+  o.timeout_s = timeout_s;
+  return run_geist_with(args, o);
+}
+
+ProcResult run_geist_with(const std::vector<std::string> &args, const RunOptions &o) {
+  const std::string &input = o.input;
+  const int timeout_s = o.timeout_s;
   ProcResult r;
   TempDir dir;
   const std::string out_path = dir.file("stdout"), err_path = dir.file("stderr"), in_path = dir.file("stdin");
@@ -96,14 +118,24 @@ ProcResult run_geist(const std::vector<std::string> &args, const std::string &in
   std::vector<char *> argv;
   for (std::string &s : argv_s) argv.push_back(s.data());
   argv.push_back(nullptr);
+  std::vector<std::string> env_s;
+  for (char **e = environ; *e; ++e) env_s.push_back(*e);
+  env_s.insert(env_s.end(), o.env.begin(), o.env.end());
+  std::vector<char *> envp;
+  for (std::string &s : env_s) envp.push_back(s.data());
+  envp.push_back(nullptr);
 
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 0, input.empty() ? "/dev/null" : in_path.c_str(), O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (o.stdout_path.empty()) {
+    posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  } else {
+    posix_spawn_file_actions_addopen(&fa, 1, o.stdout_path.c_str(), O_WRONLY, 0);
+  }
   posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, kGeist, &fa, nullptr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, kGeist, &fa, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) {
     ADD_FAILURE() << "posix_spawn " << kGeist << ": " << std::strerror(rc);
@@ -711,6 +743,231 @@ TEST(CliTiny, PerplexityMatchesTheEngine) {
   char want[128];
   std::snprintf(want, sizeof want, "\nFinal estimate: PPL = %.4f +/- %.5f\n", ppl->ppl, ppl->ppl_stderr);
   EXPECT_NE(r.out.find(want), std::string::npos) << "want" << want << "got " << r.out;
+}
+
+// ---- Hardening: files geist must never write, inputs that must not crash or hang ----
+
+std::string file_text(const std::string &path, const std::string &text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  return path;
+}
+
+// --prompt-cache onto anything but a geist snapshot (or nothing) is refused before the
+// model loads, and the file is left exactly as it was: the prompt file itself, the model
+// in use, a user's file, a symlink, a FIFO, a directory, a device.
+TEST(CliTiny, PromptCacheNeverReplacesOtherFiles) {
+  TempDir dir;
+  const std::string prompt = file_text(dir.file("prompt.txt"), "Hello there, how are you\n");
+  const std::string model = dir.file("model.gguf");
+  write_bytes(model, test::read_file(tiny()));
+  const std::string notes = file_text(dir.file("notes.txt"), "keep me\n");
+  const std::string snap = dir.file("good.snap");
+  ASSERT_EQ(run_geist({"run", "-m", model, "-p", "hi", "-n", "1", "--prompt-cache", snap}).code, 0);
+  const std::string link = dir.file("link.snap");
+  ASSERT_EQ(symlink(snap.c_str(), link.c_str()), 0);
+  const std::string fifo = dir.file("fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  const std::string sub = dir.file("sub");
+  fs::create_directories(sub);
+  struct Case {
+    std::vector<std::string> args;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      {{"-f", prompt, "--prompt-cache", prompt}, {"prompt.txt", "the prompt file"}},
+      {{"-p", "hi", "--prompt-cache", model}, {"model.gguf", "the model file"}},
+      {{"-p", "hi", "--prompt-cache", notes}, {"notes.txt", "not a geist snapshot"}},
+      {{"-p", "hi", "--prompt-cache", link}, {"link.snap", "symbolic link"}},
+      {{"-p", "hi", "--prompt-cache", fifo}, {"fifo", "FIFO"}},
+      {{"-p", "hi", "--prompt-cache", sub}, {"sub", "directory"}},
+      {{"-p", "hi", "--prompt-cache", "/dev/null"}, {"/dev/null", "character device"}},
+      {{"-p", "hi", "--prompt-cache", dir.file("no/such/dir/x.snap")}, {"x.snap", "No such file"}},
+  };
+  const std::vector<uint8_t> model_bytes = test::read_file(model), snap_bytes = test::read_file(snap);
+  for (const Case &c : cases) {
+    const ProcResult r = run_geist_with(cat({"run", "-m", model, "-n", "4"}, c.args), {"", 20, "", {}});
+    expect_one_error_line(r, c.needles);
+    EXPECT_EQ(r.err.find("load "), std::string::npos) << "work was done before the refusal";
+  }
+  EXPECT_EQ(slurp(prompt), "Hello there, how are you\n");
+  EXPECT_TRUE(test::read_file(model) == model_bytes);
+  EXPECT_EQ(slurp(notes), "keep me\n");
+  EXPECT_TRUE(test::read_file(snap) == snap_bytes);
+  struct stat st {};
+  ASSERT_EQ(lstat(link.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  ASSERT_EQ(stat("/dev/null", &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode)) << "/dev/null is no longer a device";
+  // The same rule for chat --save, checked before the model loads and a reply streams.
+  for (const std::string &target : {notes, link, model, std::string("/dev/null"), dir.file("no/dir/c.snap")}) {
+    const ProcResult r = run_geist(chat_args({"--save", target}, model), "hello\n");
+    SCOPED_TRACE(target);
+    expect_one_error_line(r, {"--save"});
+    EXPECT_TRUE(r.out.empty()) << "a reply streamed before the refusal";
+  }
+  EXPECT_EQ(slurp(notes), "keep me\n");
+  EXPECT_TRUE(test::read_file(model) == model_bytes);
+}
+
+// An endless prompt file fails fast at the documented limit; a FIFO as the model fails at
+// once instead of blocking in open(); a directory as a text file is named as one.
+TEST(CliTiny, BadInputFilesFailCleanly) {
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_one_error_line(run_geist({"run", "-m", tiny(), "-f", "/dev/zero"}), {"/dev/zero", "limit"});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+  TempDir dir;
+  const std::string fifo = dir.file("model.fifo");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  expect_one_error_line(run_geist({"run", "-m", fifo, "-p", "hi"}, "", 10), {"model.fifo", "FIFO"});
+  expect_one_error_line(run_geist({"inspect", fifo}, "", 10), {"model.fifo", "FIFO"});
+  const std::string d = dir.file("adir");
+  fs::create_directories(d);
+  expect_one_error_line(run_geist({"run", "-m", tiny(), "-f", d}), {"adir", "is a directory"});
+  expect_one_error_line(run_geist({"perplexity", "-m", tiny(), "-f", d}), {"adir", "is a directory"});
+  expect_one_error_line(run_geist({"run", "-m", tiny(), "-f", dir.file("missing.txt")}),
+                        {"missing.txt", "No such file"});
+  expect_one_error_line(run_geist({"run", "-m", tiny(), "-f", file_text(dir.file("empty.txt"), "")}),
+                        {"empty.txt", "empty"});
+  // -f - reads stdin.
+  const ProcResult r = run_geist({"run", "-m", tiny(), "-f", "-", "-n", "2", "--temp", "0"}, "Hello there");
+  EXPECT_EQ(r.code, 0) << describe(r);
+}
+
+// Output that cannot be written is an error, not a silent success.
+TEST(CliTiny, StdoutWriteErrorsAreReported) {
+  if (access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no writable /dev/full here";
+  RunOptions o;
+  o.stdout_path = "/dev/full";
+  for (const std::vector<std::string> &args :
+       {run_args(kPrompt, {"--temp", "0"}), std::vector<std::string>{"inspect", tiny()}}) {
+    const ProcResult r = run_geist_with(args, o);
+    SCOPED_TRACE(describe(r));
+    EXPECT_TRUE(r.exited);
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.err.find("geist: error: cannot write the output"), std::string::npos);
+  }
+  o.input = "hello\n";
+  const ProcResult c = run_geist_with(chat_args({"--temp", "0"}), o);
+  EXPECT_EQ(c.code, 1) << describe(c);
+  EXPECT_NE(c.err.find("cannot write the output"), std::string::npos) << c.err;
+}
+
+// Every option value the CLI cannot use gets one precise line (what is wrong, the bound
+// as written), exit 2, before the model loads.
+TEST(Cli, OptionValuesGetPreciseErrors) {
+  const std::string m = "/nonexistent.gguf";  // parsing fails first: no model needed
+  struct Case {
+    std::vector<std::string> args;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      {{"run", "-m", m, "-p", "hi", "--temp", "nan"}, {"--temp", "not a finite number"}},
+      {{"run", "-m", m, "-p", "hi", "--top-p", "NaN"}, {"--top-p", "not a finite number"}},
+      {{"run", "-m", m, "-p", "hi", "--min-p", "inf"}, {"--min-p", "not a finite number"}},
+      {{"run", "-m", m, "-p", "hi", "--temp", "1000"}, {"--temp", "outside [0, 100]"}},
+      {{"run", "-m", m, "-p", "hi", "--repeat-penalty", "0"}, {"--repeat-penalty", "greater than 0"}},
+      {{"run", "-m", m, "-p", "hi", "--repeat-penalty", "nan"}, {"--repeat-penalty", "not a finite number"}},
+      {{"run", "-m", m, "-p", "hi", "-n", "abc"}, {"--n-predict", "'abc' is not an integer"}},
+      {{"run", "-m", m, "-p", "hi", "-t", "1.5"}, {"--threads", "not an integer"}},
+      {{"run", "-m", m, "-p", "hi", "-c", "99999999999999999999"}, {"--ctx-size", "outside"}},
+      {{"run", "-m", m, "-p", "hi", "--seed", "18446744073709551616"}, {"--seed", "outside [0, 2^64-1]"}},
+      {{"run", "-m", m, "-p", "hi", "--seed", "-2"}, {"--seed", "not a seed"}},
+      {{"chat", "-m", m, "--temp", "nan"}, {"--temp", "not a finite number"}},
+      {{"perplexity", "-m", m, "-f", "x", "-c", "abc"}, {"not an integer"}},
+      {{"bench", "rows", "-m", m, "--threshold", "nan"}, {"--threshold", "not a finite number"}},
+  };
+  for (const Case &c : cases) {
+    const ProcResult r = run_geist(c.args);
+    SCOPED_TRACE(c.args.back());
+    expect_one_error_line(r, c.needles);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_LT(r.err.size(), 160u) << "a long message (a 300-digit bound?)";
+  }
+}
+
+// Combinations that used to be silently ignored are errors; -1 as a seed is documented
+// (a random seed, printed); GEIST_ACT with an unknown value warns.
+TEST(CliTiny, AmbiguousCommandLinesAreErrors) {
+  TempDir dir;
+  const std::string p = file_text(dir.file("p.txt"), "Hello");
+  expect_one_error_line(run_geist({"run", "-m", tiny(), "-p", "hi", "-f", p}), {"either -p", "not both"});
+  expect_one_error_line(run_geist({"run", "-m", tiny(), "-p", "hi", "--system", "Be brief."}), {"--system", "--chat"});
+  const ProcResult r = run_geist({"run", "-m", tiny(), "-p", kPrompt, "-n", "2", "--seed", "-1"});
+  EXPECT_EQ(r.code, 0) << describe(r);
+  EXPECT_NE(r.err.find("(random; pass -s "), std::string::npos) << r.err;
+  RunOptions o;
+  o.env = {"GEIST_ACT=bogus"};
+  const ProcResult a = run_geist_with({"run", "-m", tiny(), "-p", kPrompt, "-n", "1"}, o);
+  EXPECT_EQ(a.code, 0) << describe(a);
+  EXPECT_NE(a.err.find("GEIST_ACT=bogus is not one of q8, f32"), std::string::npos) << a.err;
+}
+
+// The tiny model with context_length = 2^32 - 1: the default context cannot be made, and
+// the message says to pass -c; with -c it runs.
+TEST(CliTiny, HugeTrainedContextAsksForCtx) {
+  std::vector<uint8_t> b = test::read_file(tiny());
+  const std::string key = "gemma3.context_length";
+  const auto at = std::search(b.begin(), b.end(), key.begin(), key.end());
+  ASSERT_NE(at, b.end());
+  const size_t value = size_t(at - b.begin()) + key.size() + 4;  // after the u32 type
+  uint32_t type = 0;
+  std::memcpy(&type, &b[value - 4], 4);
+  ASSERT_EQ(type, 4u) << "context_length is not a u32 in the tiny model";
+  const uint32_t huge = 0xFFFFFFFFu;
+  std::memcpy(&b[value], &huge, 4);
+  TempDir dir;
+  const std::string path = dir.file("huge_ctx.gguf");
+  write_bytes(path, b);
+  expect_one_error_line(run_geist({"run", "-m", path, "-p", "hi", "-n", "1"}), {"4294967295", "-c"});
+  EXPECT_EQ(run_geist({"run", "-m", path, "-p", "hi", "-n", "1", "-c", "256"}).code, 0);
+}
+
+// A model file truncated while geist runs: the mapping faults (SIGBUS); the message names
+// the file. The chat is fed through a pipe so the truncation lands between two turns.
+TEST(CliTiny, TruncatedModelWhileRunningNamesTheFile) {
+  TempDir dir;
+  const std::string model = dir.file("victim.gguf");
+  write_bytes(model, test::read_file(tiny()));
+  const std::string out_path = dir.file("out"), err_path = dir.file("err");
+  int in[2];
+  ASSERT_EQ(pipe(in), 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_addclose(&fa, in[1]);
+  posix_spawn_file_actions_addopen(&fa, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&fa, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  std::vector<std::string> args = {kGeist, "chat", "-m", model, "-n", "4", "-t", "1", "--temp", "0"};
+  std::vector<char *> argv;
+  for (std::string &a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  ASSERT_EQ(posix_spawn(&pid, kGeist, &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  close(in[0]);
+  const std::string first = "hello there\n";
+  ASSERT_EQ(write(in[1], first.data(), first.size()), ssize_t(first.size()));
+  // The first reply ends with a newline on stdout: the model is loaded and in use.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (slurp(out_path).find('\n') == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(truncate(model.c_str(), 0), 0);
+  const std::string second = "tell me about the world and its many wonderful things\n";
+  const ssize_t w = write(in[1], second.data(), second.size());
+  (void)w;
+  close(in[1]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  const std::string err = slurp(err_path);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    GTEST_SKIP() << "the second turn touched no truncated page (every weight it read was repacked): " << err;
+  }
+  ASSERT_TRUE(WIFSIGNALED(status)) << "status " << status << ": " << err;
+  EXPECT_EQ(WTERMSIG(status), SIGBUS);
+  EXPECT_NE(err.find("geist: fatal: bus error"), std::string::npos) << err;
+  EXPECT_NE(err.find("victim.gguf"), std::string::npos) << err;
 }
 
 }  // namespace
