@@ -2,7 +2,7 @@
 # Installs what geist needs to build and test, from Debian's packages only when missing.
 set -euo pipefail
 pkgs=(cmake g++ make git pkg-config python3 python3-pip libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev
-      libxxhash-dev libssl-dev libbenchmark-dev)
+      libxxhash-dev libssl-dev libbenchmark-dev clang libc++-dev libc++abi-dev)
 [ "${GEIST_WITH_CLANG:-0}" = 1 ] && pkgs+=(clang libclang-rt-dev)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -20,6 +20,20 @@ for isa in generic avx2; do
     -j"$jobs" --output-on-failure
 done
 
+# clang + libc++ (catches includes libstdc++ provides by accident): everything compiles
+# warning-free with -Werror; the library, CLI and examples link. Test and benchmark
+# objects are compiled only (GoogleTest and Google Benchmark are built for libstdc++).
+if [ "${GEIST_SKIP_LIBCXX:-0}" != 1 ]; then
+  echo "test.sh: clang + libc++ compile check"
+  CC=clang CXX=clang++ cmake -S . -B build/libcxx -DCMAKE_BUILD_TYPE=Release -DGEIST_WERROR=ON \
+    -DCMAKE_CXX_FLAGS="-stdlib=libc++" -DCMAKE_EXE_LINKER_FLAGS="-stdlib=libc++" \
+    -DCMAKE_SHARED_LINKER_FLAGS="-stdlib=libc++" >/dev/null
+  cmake --build build/libcxx -j"$jobs" --target geist geist_shared pinned_prefix session_costs
+  objs=$(make -C build/libcxx/tests help | sed -n 's/^\.\.\. \([a-z0-9_]*\.o\)$/\1/p')
+  make -C build/libcxx/tests -j"$jobs" $objs >/dev/null
+  make -C build/libcxx/bench -j"$jobs" kernels_bench.o >/dev/null
+fi
+
 if [ "${GEIST_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake -S . -B build/asan-ubsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \
