@@ -1,5 +1,6 @@
 #include "backends/cpu/isa.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
