@@ -516,9 +516,11 @@ Parsed parse_conversation(const api::Model &m, const std::vector<geist_token> &t
   auto toks = [&](const std::string &s, bool special) { return m.tokenize_or_throw(s, false, special); };
   const geist_token eot = toks("<end_of_turn>", true).at(0);
   for (size_t u = 0; u < users.size(); ++u) {
-    std::vector<geist_token> open = u == 0 ? std::vector<geist_token>{m.info().bos} : std::vector<geist_token>{};
     const std::vector<geist_token> marker = toks("<start_of_turn>user\n", true);
-    open.insert(open.end(), marker.begin(), marker.end());
+    std::vector<geist_token> open;
+    open.reserve(marker.size() + 1);
+    if (u == 0) open.push_back(m.info().bos);
+    for (geist_token x : marker) open.push_back(x);
     if (!expect(open, "<start_of_turn>user\\n") || !expect(toks(users[u], false), "user text '" + users[u] + "'") ||
         !expect(toks("<end_of_turn>\n<start_of_turn>model\n", true), "end of the user turn")) {
       return p;

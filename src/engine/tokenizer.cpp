@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <queue>
 #include <unordered_map>
 
 namespace geist {
@@ -371,10 +370,14 @@ Status Tokenizer::encode_spm(std::string_view raw, std::vector<int32_t> *out) co
     off += len;
   }
 
-  std::vector<SpmPair> heap_storage;
-  heap_storage.reserve(sym.size());
-  std::priority_queue<SpmPair, std::vector<SpmPair>, SpmPairLess> heap(SpmPairLess{},
-                                                                      std::move(heap_storage));
+  // A max-heap of candidate pairs (std::push_heap/pop_heap over a reserved vector; GCC 13
+  // misreads priority_queue's make_heap over a moved-in empty vector as unbounded).
+  std::vector<SpmPair> heap;
+  heap.reserve(sym.size());
+  auto heap_push = [&](const SpmPair &x) {
+    heap.push_back(x);
+    std::push_heap(heap.begin(), heap.end(), SpmPairLess{});
+  };
   auto try_pair = [&](int32_t left, int32_t right) {
     if (left < 0 || right < 0) return;
     const SpmSymbol &l = sym[left], &r = sym[right];
@@ -385,17 +388,18 @@ Status Tokenizer::encode_spm(std::string_view raw, std::vector<int32_t> *out) co
       const int32_t rank = merge_rank(std::string_view(text.data() + l.off, l.n),
                                       std::string_view(text.data() + r.off, r.n));
       if (rank < 0) return;
-      heap.push({-static_cast<float>(rank), left, right, size});
+      heap_push({-static_cast<float>(rank), left, right, size});
       return;
     }
-    heap.push({vocab_.scores[id], left, right, size});
+    heap_push({vocab_.scores[id], left, right, size});
   };
   for (size_t i = 1; i < sym.size(); ++i) {
     try_pair(static_cast<int32_t>(i - 1), static_cast<int32_t>(i));
   }
   while (!heap.empty()) {
-    const SpmPair top = heap.top();
-    heap.pop();
+    std::pop_heap(heap.begin(), heap.end(), SpmPairLess{});
+    const SpmPair top = heap.back();
+    heap.pop_back();
     SpmSymbol &l = sym[top.left];
     SpmSymbol &r = sym[top.right];
     if (l.n == 0 || r.n == 0 || l.n + r.n != top.size) continue;  // stale
