@@ -1084,6 +1084,21 @@ TEST_F(CApi, SessionParamsValidation) {
     EXPECT_EQ(s, nullptr);
     if (s != nullptr && s != reinterpret_cast<geist_session *>(&dummy)) geist_session_free(s);
   }
+  // The message names the parameter, its value and the rule (a NaN is not "above 1e4").
+  {
+    geist_session_params p = geist_session_params_default();
+    p.sampling.temperature = std::nanf("");
+    geist_session *s = nullptr;
+    EXPECT_EQ(geist_session_create(model_, &p, &s), GEIST_E_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(geist_last_error()).find("temperature is nan; it must be a finite number"),
+              std::string::npos)
+        << geist_last_error();
+    p = geist_session_params_default();
+    p.sampling.repeat_penalty = 0;
+    EXPECT_EQ(geist_session_create(model_, &p, &s), GEIST_E_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(geist_last_error()).find("repeat_penalty is 0; it must be in (0, 1e4]"), std::string::npos)
+        << geist_last_error();
+  }
   // The edges of the ranges are accepted.
   for (int32_t chunk : {1, 65536}) {
     geist_session_params p = geist_session_params_default();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <unordered_set>
 
 #include "base/status.h"
@@ -59,13 +60,22 @@ void Sampler::set_state(const State &st) {
   while (p_.repeat_last_n > 0 && static_cast<int>(history_.size()) > p_.repeat_last_n) history_.pop_front();
 }
 
-const char *Sampler::check(const SamplerParams &p) {
-  if (std::isnan(p.temperature) || p.temperature > 1e4f) return "temperature must be <= 1e4 (<= 0: greedy)";
-  if (!(p.top_p >= 0.0f && p.top_p <= 1.0f)) return "top_p must be in [0, 1]";
-  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return "min_p must be in [0, 1]";
-  if (!(p.repeat_penalty > 0.0f && p.repeat_penalty <= 1e4f)) return "repeat_penalty must be in (0, 1e4]";
-  if (p.repeat_last_n < -1) return "repeat_last_n must be >= -1";
-  return "";
+std::string Sampler::check(const SamplerParams &p) {
+  auto bad = [](const char *name, double v, const char *rule) {
+    char b[160];
+    std::snprintf(b, sizeof b, "%s is %g; it must be %s", name, v, rule);
+    return std::string(b);
+  };
+  if (!std::isfinite(p.temperature) || p.temperature > 1e4f) {
+    return bad("temperature", p.temperature, "a finite number <= 1e4 (<= 0: greedy)");
+  }
+  if (!(p.top_p >= 0.0f && p.top_p <= 1.0f)) return bad("top_p", p.top_p, "in [0, 1]");
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return bad("min_p", p.min_p, "in [0, 1]");
+  if (!(p.repeat_penalty > 0.0f && p.repeat_penalty <= 1e4f)) {
+    return bad("repeat_penalty", p.repeat_penalty, "in (0, 1e4]");
+  }
+  if (p.repeat_last_n < -1) return bad("repeat_last_n", p.repeat_last_n, ">= -1 (-1: all)");
+  return std::string();
 }
 
 void Sampler::accept(int32_t token) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <string>
 #include <vector>
 
 namespace geist {
@@ -42,7 +43,7 @@ class Sampler {
   State state() const;
   void set_state(const State &st);
   // Range check of params: "" if valid, else what is wrong.
-  static const char *check(const SamplerParams &p);
+  static std::string check(const SamplerParams &p);
 
  private:
   double next_uniform();  // [0, 1)

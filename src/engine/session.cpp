@@ -29,7 +29,7 @@ Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionPa
     return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "chunk size %d out of range [1, 65536]", q.chunk);
   }
   if (q.n_threads < 0) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "n_threads %d is negative", q.n_threads);
-  if (const char *why = Sampler::check(q.sampling); *why) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "%s", why);
+  if (std::string why = Sampler::check(q.sampling); !why.empty()) return Status(GEIST_E_INVALID_ARGUMENT, why);
   int threads = q.n_threads > 0 ? q.n_threads : ThreadPool::hardware_threads();
   if (threads > 512) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "n_threads %d out of range", threads);
   q.chunk = static_cast<int>(std::min<int64_t>(q.chunk, q.n_ctx));
@@ -251,7 +251,7 @@ Status Session::decode_step(int32_t *out) {
 }
 
 Status Session::set_sampling(const SamplerParams &p) {
-  if (const char *why = Sampler::check(p); *why) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "%s", why);
+  if (std::string why = Sampler::check(p); !why.empty()) return Status(GEIST_E_INVALID_ARGUMENT, why);
   sampler_.set_params(p);
   params_.sampling = p;
   return Status::ok();

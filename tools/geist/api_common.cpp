@@ -79,7 +79,8 @@ void add_gen_options(CLI::App *sub, GenOptions *o) {
   sub->add_option("--min-p", sp.min_p, "Min-p (0: off)")->capture_default_str()->check(real_range(0.0, 1.0));
   sub->add_option("--repeat-penalty", sp.repeat_penalty, "Repetition penalty (1: off)")
       ->capture_default_str()
-      ->check(real_above(0.0));
+      ->check(real_above(0.0))
+      ->check(real_range(0.0, 1e4));
   sub->add_option("--repeat-last-n", sp.repeat_last_n, "Tokens the penalty looks back (0: off, -1: all)")
       ->capture_default_str();
   // A uint64; -1 asks for a random one (llama.cpp's meaning), printed so the run can be
