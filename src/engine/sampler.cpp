@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <unordered_set>
 
@@ -54,10 +55,18 @@ Sampler::State Sampler::state() const {
 }
 
 void Sampler::set_state(const State &st) {
+  // The history is built aside and swapped in: if its allocation throws, the sampler is
+  // unchanged (Session::restore relies on it).
+  std::deque<int32_t> h;
+  if (p_.repeat_last_n != 0) {
+    size_t from = 0;
+    if (p_.repeat_last_n > 0 && st.history.size() > static_cast<size_t>(p_.repeat_last_n)) {
+      from = st.history.size() - static_cast<size_t>(p_.repeat_last_n);
+    }
+    h.assign(st.history.begin() + static_cast<std::ptrdiff_t>(from), st.history.end());
+  }
+  history_.swap(h);
   for (int i = 0; i < 4; ++i) s_[i] = st.rng[i];
-  history_.assign(st.history.begin(), st.history.end());
-  if (p_.repeat_last_n == 0) history_.clear();
-  while (p_.repeat_last_n > 0 && static_cast<int>(history_.size()) > p_.repeat_last_n) history_.pop_front();
 }
 
 std::string Sampler::check(const SamplerParams &p) {
