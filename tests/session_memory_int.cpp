@@ -56,7 +56,6 @@ namespace {
 
 constexpr int kWarmup = 40;              // requests before the first window
 constexpr int kWindow = 60;              // requests in each window
-constexpr int64_t kRssSlackKb = 256;     // anonymous RSS, KiB
 constexpr int kPrefix = 40;              // pinned tokens (window 8: a checkpoint of 7 rows)
 constexpr int kRestLens[8] = {48, 17, 33, 25, 41, 20, 36, 29};  // request tokens, period 8
 constexpr int kGen = 8;                  // decoded tokens per request
@@ -202,6 +201,7 @@ TEST_P(SessionMemoryInt, HeapDoesNotGrowPerRequest) {
       << early_max << " bytes, lowest of requests " << n_req - kWindow + 1 << ".." << n_req << " is "
       << late_min << " (" << per_request << " bytes/request)";
 #ifndef GEIST_TEST_SANITIZER_HEAP
+  constexpr int64_t kRssSlackKb = 256;  // anonymous RSS, KiB
   if (rss[kWarmup] >= 0) {
     EXPECT_LE(rss.back() - rss[kWarmup], kRssSlackKb)
         << "anonymous RSS grows per request: " << rss[kWarmup] << " KiB after request " << kWarmup + 1 << ", "
