@@ -68,6 +68,7 @@ void count(const Status &st) {
 }
 
 void print_outcomes() {
+  if (g_outcomes->empty()) return;  // the -jobs parent, which runs no inputs
   std::fprintf(stderr, "snapshot_fuzz outcomes:\n");
   for (const auto &[k, n] : *g_outcomes) std::fprintf(stderr, "  %10llu  %s\n", (unsigned long long)n, k.c_str());
 }
