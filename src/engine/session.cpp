@@ -38,33 +38,6 @@ Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionPa
   return std::unique_ptr<Session>(new Session(m, q, std::move(cache), threads));
 }
 
-int64_t Session::live_from(int l, int64_t n) const {
-  const int w = cache_->spec(l).window;
-  return w > 0 ? std::max<int64_t>(0, n - (w - 1)) : 0;
-}
-
-void Session::copy_rows_out(int l, int64_t from, int64_t to, float *dst) const {
-  const size_t rf = static_cast<size_t>(cache_->spec(l).row_floats);
-  const int64_t cap = cache_->capacity(l);
-  const size_t n = static_cast<size_t>(to - from);
-  for (int64_t p = from; p < to; ++p) {
-    const size_t slot = static_cast<size_t>(p % cap), i = static_cast<size_t>(p - from);
-    std::memcpy(dst + i * rf, cache_->k(l) + slot * rf, rf * sizeof(float));
-    std::memcpy(dst + (n + i) * rf, cache_->v(l) + slot * rf, rf * sizeof(float));
-  }
-}
-
-void Session::copy_rows_in(int l, int64_t from, int64_t to, const float *src) {
-  const size_t rf = static_cast<size_t>(cache_->spec(l).row_floats);
-  const int64_t cap = cache_->capacity(l);
-  const size_t n = static_cast<size_t>(to - from);
-  for (int64_t p = from; p < to; ++p) {
-    const size_t slot = static_cast<size_t>(p % cap), i = static_cast<size_t>(p - from);
-    std::memcpy(cache_->k(l) + slot * rf, src + i * rf, rf * sizeof(float));
-    std::memcpy(cache_->v(l) + slot * rf, src + (n + i) * rf, rf * sizeof(float));
-  }
-}
-
 size_t Session::checkpoint_bytes() const {
   size_t b = 0;
   if (pin_) {
@@ -161,9 +134,9 @@ std::unique_ptr<Session::Pin> Session::make_pin() const {
   pin->rows.resize(static_cast<size_t>(cache_->n_layers()));
   for (int l = 0; l < cache_->n_layers(); ++l) {
     if (cache_->spec(l).window == 0) continue;
-    const int64_t from = live_from(l, int64_t(pin->n));
+    const int64_t from = cache_->first_live(l, int64_t(pin->n));
     pin->rows[l].resize(2 * static_cast<size_t>(int64_t(pin->n) - from) * size_t(cache_->spec(l).row_floats));
-    copy_rows_out(l, from, int64_t(pin->n), pin->rows[l].data());
+    cache_->read_rows(l, from, int64_t(pin->n), pin->rows[l].data());
   }
   return pin;
 }
@@ -199,20 +172,8 @@ void Session::reset() {
   } else {
     const int64_t p = int64_t(pin_->n), n_past = cache_->n_past;
     for (int l = 0; l < cache_->n_layers(); ++l) {
-      if (cache_->spec(l).window == 0 || n_past <= p) continue;
-      const int64_t from = live_from(l, p), cap = cache_->capacity(l);
-      // Position q's slot was overwritten iff some position in [p, n_past) maps to it,
-      // i.e. q + cap < n_past (q + cap >= p holds since cap >= W - 1 >= p - q).
-      const int64_t to = std::min(p, n_past - cap);
-      if (to <= from) continue;
-      const size_t rf = size_t(cache_->spec(l).row_floats), rows = size_t(p - from);
-      const float *src = pin_->rows[l].data();
-      for (int64_t q = from; q < to; ++q) {
-        const size_t slot = size_t(q % cap), i = size_t(q - from);
-        std::memcpy(cache_->k(l) + slot * rf, src + i * rf, rf * sizeof(float));
-        std::memcpy(cache_->v(l) + slot * rf, src + (rows + i) * rf, rf * sizeof(float));
-      }
-      stats_.n_reset_rows += uint64_t(to - from);
+      if (cache_->spec(l).window == 0) continue;
+      stats_.n_reset_rows += uint64_t(cache_->rewind_rows(l, p, n_past, pin_->rows[l].data()));
     }
     cache_->n_past = p;
     tokens_.resize(pin_->n);

@@ -110,7 +110,7 @@ class Session {
     size_t n = 0;
     std::vector<float> logits;  // [n_vocab]
     Sampler::State sampler;
-    // Per layer: K rows then V rows of positions [live_from(l, n), n) for sliding layers;
+    // Per layer: K rows then V rows of positions [first_live(l, n), n) for sliding layers;
     // empty for global ones.
     std::vector<std::vector<float>> rows;
   };
@@ -119,11 +119,6 @@ class Session {
   Status check_append(const int32_t *tokens, size_t n) const;
   // Chunked forward passes; out/first as prefill_with_logits (out may be null).
   void run_chunks(const int32_t *tokens, size_t n, size_t first, float *out);
-  // First position a continuation from n_past = n still reads in layer l.
-  int64_t live_from(int l, int64_t n) const;
-  // Copy rows [from, to) of layer l out of / into the ring.
-  void copy_rows_out(int l, int64_t from, int64_t to, float *dst) const;
-  void copy_rows_in(int l, int64_t from, int64_t to, const float *src);
   std::unique_ptr<Pin> make_pin() const;
 
   const Model &model_;

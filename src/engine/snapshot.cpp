@@ -114,7 +114,7 @@ size_t Session::snapshot_size() const {
   if (pin_) b += 40 + sizeof(int32_t) * pin_->sampler.history.size() + sizeof(float) * nv;
   for (int l = 0; l < cache_->n_layers(); ++l) {
     const size_t rf = size_t(cache_->spec(l).row_floats);
-    b += 2 * sizeof(float) * rf * size_t(n - live_from(l, n));
+    b += 2 * sizeof(float) * rf * size_t(n - cache_->first_live(l, n));
     if (pin_ && !live && cache_->spec(l).window > 0) b += sizeof(float) * pin_->rows[l].size();
   }
   return b;
@@ -148,7 +148,7 @@ Status Session::snapshot(void *buf, size_t cap, size_t *written) const {
   for (int l = 0; l < cache_->n_layers(); ++l) {
     w.put<uint64_t>(uint64_t(cache_->spec(l).row_floats));
     w.put<uint32_t>(uint32_t(cache_->spec(l).window));
-    w.put<uint32_t>(uint32_t(n - live_from(l, n)));
+    w.put<uint32_t>(uint32_t(n - cache_->first_live(l, n)));
   }
   w.bytes(tokens_.data(), sizeof(int32_t) * tokens_.size());
   if (has_logits_) w.bytes(logits_.data(), sizeof(float) * nv);
@@ -163,8 +163,8 @@ Status Session::snapshot(void *buf, size_t cap, size_t *written) const {
     w.bytes(pin_->logits.data(), sizeof(float) * nv);
   }
   for (int l = 0; l < cache_->n_layers(); ++l) {
-    const int64_t from = live_from(l, n);
-    copy_rows_out(l, from, n, reinterpret_cast<float *>(base + w.offset()));  // memcpy: no alignment needed
+    const int64_t from = cache_->first_live(l, n);
+    cache_->read_rows(l, from, n, reinterpret_cast<float *>(base + w.offset()));  // memcpy: no alignment needed
     w.skip(2 * sizeof(float) * size_t(cache_->spec(l).row_floats) * size_t(n - from));
   }
   if (pin_ && !live) {
@@ -240,9 +240,9 @@ Status Session::restore(const void *buf, size_t size) {
                          "are %lld, %d", l, (unsigned long long)rf, window, (long long)cache_->spec(l).row_floats,
                          cache_->spec(l).window);
     }
-    if (rows != uint64_t(int64_t(n) - live_from(l, int64_t(n)))) {
+    if (rows != uint64_t(int64_t(n) - cache_->first_live(l, int64_t(n)))) {
       return GEIST_ERROR(GEIST_E_BAD_FORMAT, "snapshot layer %d stores %u rows, expected %lld", l, rows,
-                         (long long)(int64_t(n) - live_from(l, int64_t(n))));
+                         (long long)(int64_t(n) - cache_->first_live(l, int64_t(n))));
     }
   }
   const uint8_t *tok = r.span(mul(n, 4));
@@ -263,13 +263,13 @@ Status Session::restore(const void *buf, size_t size) {
   }
   std::vector<const uint8_t *> kv(cache_->n_layers()), ck(cache_->n_layers(), nullptr);
   for (int l = 0; l < cache_->n_layers(); ++l) {
-    const uint64_t rows = uint64_t(int64_t(n) - live_from(l, int64_t(n)));
+    const uint64_t rows = uint64_t(int64_t(n) - cache_->first_live(l, int64_t(n)));
     kv[l] = r.span(mul(mul(2 * rows, uint64_t(cache_->spec(l).row_floats)), 4));
   }
   if (n_pin > 0 && !live) {
     for (int l = 0; l < cache_->n_layers(); ++l) {
       if (cache_->spec(l).window == 0) continue;
-      const uint64_t rows = uint64_t(int64_t(n_pin) - live_from(l, int64_t(n_pin)));
+      const uint64_t rows = uint64_t(int64_t(n_pin) - cache_->first_live(l, int64_t(n_pin)));
       ck[l] = r.span(mul(mul(2 * rows, uint64_t(cache_->spec(l).row_floats)), 4));
     }
   }
@@ -296,7 +296,7 @@ Status Session::restore(const void *buf, size_t size) {
   // finding 11.)
   auto ckpt_floats = [&](int l) -> size_t {
     if (cache_->spec(l).window == 0) return 0;
-    return 2 * size_t(int64_t(n_pin) - live_from(l, int64_t(n_pin))) * size_t(cache_->spec(l).row_floats);
+    return 2 * size_t(int64_t(n_pin) - cache_->first_live(l, int64_t(n_pin))) * size_t(cache_->spec(l).row_floats);
   };
   std::vector<int32_t> new_tokens;
   if (tokens_.capacity() < n) new_tokens.reserve(n);
@@ -342,11 +342,11 @@ Status Session::restore(const void *buf, size_t size) {
   // the latest position, as after an uninterrupted run.
   for (int l = 0; l < cache_->n_layers(); ++l) {
     if (pin_ && cache_->spec(l).window > 0) {
-      copy_rows_in(l, live_from(l, int64_t(n_pin)), int64_t(n_pin), pin_->rows[l].data());
+      cache_->write_rows(l, cache_->first_live(l, int64_t(n_pin)), int64_t(n_pin), pin_->rows[l].data());
     }
-    const int64_t from = live_from(l, int64_t(n));
-    // The image's floats may be unaligned: stage through copy_rows_in's memcpy.
-    copy_rows_in(l, from, int64_t(n), reinterpret_cast<const float *>(kv[l]));
+    const int64_t from = cache_->first_live(l, int64_t(n));
+    // The image's floats may be unaligned: write_rows copies with memcpy.
+    cache_->write_rows(l, from, int64_t(n), reinterpret_cast<const float *>(kv[l]));
   }
   cache_->n_past = int64_t(n);
   stats_.restore_seconds += t.seconds();

@@ -61,6 +61,25 @@ class KvCache {
   const KvLayerSpec &spec(int l) const { return layers_[l].spec; }
   size_t bytes_reserved() const { return bytes_; }
 
+  // Rows by position. The ring (position p at slot p % capacity) stays inside this class:
+  // callers name positions only. A "rows block" of positions [from, to) is the K rows
+  // then the V rows: [2][to - from][row_floats], row-major.
+  //
+  // First position a continuation from n_past = n still reads in layer l: 0 for global
+  // layers, max(0, n - (W - 1)) for sliding ones.
+  int64_t first_live(int l, int64_t n) const;
+  // Copy positions [from, to) of layer l out to / in from a rows block. The positions
+  // must be the ones the ring holds (to - from <= capacity). Pointers need no alignment.
+  void read_rows(int l, int64_t from, int64_t to, float *dst) const;
+  void write_rows(int l, int64_t from, int64_t to, const float *src);
+  // Store n_rows positions pos0 .. pos0 + n_rows - 1 of layer l from K and V rows of
+  // row_floats each ([n_rows][row_floats] each), as a forward pass appends them.
+  void append(int l, int64_t pos0, int n_rows, const float *k, const float *v);
+  // Back to a state at n_pin positions, from a rows block of positions
+  // [first_live(l, n_pin), n_pin) saved then: writes back only the rows whose slots a
+  // later position in [n_pin, n_past) overwrote (none for global layers). Returns how many.
+  int64_t rewind_rows(int l, int64_t n_pin, int64_t n_past, const float *saved);
+
   int64_t n_past = 0;  // positions [0, n_past) are in the cache
 
  private:

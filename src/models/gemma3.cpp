@@ -205,13 +205,8 @@ void Gemma3::attention_block(const Layer &L, int il, float *h, int n, int64_t po
   cpu::rope_neox(q, n, int(n_head_), int(head_dim_), int(head_dim_), cs, pool);
   cpu::rope_neox(k, n, int(n_head_kv_), int(head_dim_), int(head_dim_), cs, pool);
 
-  // Append this chunk's K/V at slot (position % capacity).
-  const int64_t cap = cache.capacity(il);
-  for (int r = 0; r < n; ++r) {
-    const size_t slot = size_t((pos0 + r) % cap);
-    std::memcpy(cache.k(il) + slot * kvd, k + size_t(r) * kvd, kvd * sizeof(float));
-    std::memcpy(cache.v(il) + slot * kvd, v + size_t(r) * kvd, kvd * sizeof(float));
-  }
+  cache.append(il, pos0, n, k, v);
+  const int64_t cap = cache.capacity(il);  // the attention kernel reads the ring itself
   cpu::AttentionArgs a{q,  cache.k(il), cache.v(il),      att,       n, pos0, cap, int(n_head_), int(n_head_kv_),
                        int(head_dim_), L.sliding ? window_ : 0, attn_scale_};
   cpu::attention(a, pool);

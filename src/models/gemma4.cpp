@@ -385,11 +385,7 @@ void Gemma4::attention_block(const Layer &L, int il, float *h, int n, int64_t po
     cpu::rmsnorm(k, L.attn_k_norm, int64_t(n) * n_head_kv_, hd, eps_, pool);
     cpu::rope_neox(k, n, int(n_head_kv_), int(hd), int(hd), cs, pool);
     cpu::rmsnorm(v, nullptr, int64_t(n) * n_head_kv_, hd, eps_, pool);
-    for (int r = 0; r < n; ++r) {
-      const size_t s = size_t((pos0 + r) % cap);
-      std::memcpy(cache.k(slot) + s * kvd, k + size_t(r) * kvd, kvd * sizeof(float));
-      std::memcpy(cache.v(slot) + s * kvd, v + size_t(r) * kvd, kvd * sizeof(float));
-    }
+    cache.append(slot, pos0, n, k, v);
   }
   cpu::AttentionArgs a{q,  cache.k(slot), cache.v(slot), att, n, pos0, cap, int(n_head_), int(n_head_kv_),
                        int(hd), L.sliding ? window_ : 0, 1.0f};
