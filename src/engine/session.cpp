@@ -38,6 +38,14 @@ Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionPa
   return std::unique_ptr<Session>(new Session(m, q, std::move(cache), threads));
 }
 
+void Session::reserve_tokens(size_t extra) {
+  const size_t need = tokens_.size() + extra;
+  if (need <= tokens_.capacity()) return;
+  // Geometric growth (capped at the context): reserving exactly size + 1 on every decode
+  // step would copy the whole token list each time.
+  tokens_.reserve(std::max(need, std::min(2 * tokens_.capacity(), size_t(cache_->n_ctx()))));
+}
+
 size_t Session::checkpoint_bytes() const {
   size_t b = 0;
   if (pin_) {
@@ -77,7 +85,7 @@ Status Session::check_append(const int32_t *tokens, size_t n) const {
 // here; a failure would be a bug, reported as GEIST_E_INTERNAL by the caller's check.
 void Session::run_chunks(const int32_t *tokens, size_t n, size_t first, float *out) {
   const size_t nv = static_cast<size_t>(model_.info().n_vocab);
-  tokens_.reserve(tokens_.size() + n);  // may throw: before anything changes
+  reserve_tokens(n);  // may throw: before anything changes
   for (size_t done = 0; done < n;) {
     const int rows = static_cast<int>(std::min<size_t>(params_.chunk, n - done));
     const bool last = done + rows == n;
@@ -199,7 +207,7 @@ Status Session::decode_step(int32_t *out) {
     return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "the context of %lld tokens is full", (long long)cache_->n_ctx());
   }
   Timer t;
-  tokens_.reserve(tokens_.size() + 1);
+  reserve_tokens(1);  // may throw: before the sampler draws
   const int32_t tok = sampler_.sample(logits_.data(), n_vocab());  // records tok in the history
   Status st = model_.arch().forward(&tok, 1, *cache_, ws_, pool_, 0, logits_.data());
   GEIST_CHECK(st.is_ok(), st.to_string().c_str());

@@ -120,6 +120,8 @@ class Session {
   // Chunked forward passes; out/first as prefill_with_logits (out may be null).
   void run_chunks(const int32_t *tokens, size_t n, size_t first, float *out);
   std::unique_ptr<Pin> make_pin() const;
+  // Room in tokens_ for extra more (amortized O(1) per token). May throw bad_alloc.
+  void reserve_tokens(size_t extra);
 
   const Model &model_;
   SessionParams params_;
