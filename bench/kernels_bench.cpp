@@ -153,7 +153,12 @@ __attribute__((target("avx512f"))) uint64_t sum_avx512(const uint64_t *p, size_t
     a2 = _mm512_add_epi64(a2, _mm512_loadu_si512(p + i + 16));
     a3 = _mm512_add_epi64(a3, _mm512_loadu_si512(p + i + 24));
   }
-  return _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+  // Lanes summed through memory: GCC 12's _mm512_reduce_* warn (bug 105593) under -Werror.
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes, _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3)));
+  uint64_t s = 0;
+  for (uint64_t x : lanes) s += x;
+  return s;
 }
 
 uint64_t sum_scalar(const uint64_t *p, size_t n) {
@@ -195,7 +200,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t vnni_loop(int64_t
     __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]), "+v"(acc[4]), "+v"(acc[5]));
   }
   int64_t s = 0;
-  for (int i = 0; i < 12; ++i) s += _mm512_reduce_add_epi32(acc[i]);
+  for (int i = 0; i < 12; ++i) {
+    alignas(64) int32_t lanes[16];
+    _mm512_store_si512(lanes, acc[i]);
+    for (int32_t x : lanes) s += x;
+  }
   return s;
 }
 
