@@ -88,6 +88,9 @@ typedef struct geist_model_params {
 GEIST_API geist_model_params geist_model_params_default(void);
 
 /* Map, validate and bind a GGUF file; the weights stay in the mapping (zero-copy).
+ * The file must not be truncated or rewritten while the model is loaded: reading a page
+ * of a mapped file that was cut short raises SIGBUS in the process (the geist CLI catches
+ * it and names the file; the library installs no signal handler).
  * p may be NULL (defaults). On success *out is a new model; on failure *out is NULL.
  * GEIST_E_INVALID_ARGUMENT  path or out NULL
  * GEIST_E_IO                cannot open, stat or map the file
