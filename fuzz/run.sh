@@ -13,6 +13,7 @@
 #                      tokenizer_spm_fuzz the real Gemma 3 vocabulary)
 #   GEIST_FUZZ_RUN     output folder (default $GEIST_FUZZ_BUILD/TARGET_run)
 #   GEIST_FUZZ_STATS   0 turns off the per-check counts the targets print at exit
+#   GEIST_FUZZ_WORKERS fuzzing processes (default 1; logs fuzz-0.log, fuzz-1.log, ...)
 # Seeds: tokenizers fuzz/corpus/tokenizer; session_load_fuzz and snapshot_fuzz write valid
 # session files of several shapes with the engine at every run; gguf_fuzz
 # tests/data/tiny.gguf. Dictionaries: fuzz/*.dict.
@@ -54,20 +55,26 @@ mkdir -p "$run/corpus" "$run/artifacts"
 case "$target" in
   tokenizer_*) cp -f "$root"/fuzz/corpus/tokenizer/* "$run/corpus/" ;;
   session_load_fuzz | snapshot_fuzz) GEIST_FUZZ_WRITE_SEEDS="$run/corpus" "$bin" ;;
-  gguf_fuzz) cp -f tests/data/tiny.gguf "$run/corpus/seed_tiny.gguf" ;;
+  gguf_fuzz)
+    cp -f tests/data/tiny.gguf "$run/corpus/seed_tiny.gguf"
+    # The corrupt variants gguf_corrupt_int writes, when that test has run.
+    seed_dir="${TMPDIR:-/tmp}/geist_gguf_corrupt_corpus"
+    if [ -d "$seed_dir" ]; then cp -f "$seed_dir"/* "$run/corpus/" 2>/dev/null || true; fi ;;
 esac
-echo "fuzzing $target for ${secs}s with $(ls "$run/corpus" | wc -l) corpus files; log: $run/fuzz-0.log"
+echo "fuzzing $target for ${secs}s with $(ls "$run/corpus" | wc -l) corpus files; logs: $run/fuzz-*.log"
 
 cd "$run"
 rc=0
 "$bin" corpus ${dict:+-dict="$dict"} -artifact_prefix="$run/artifacts/" -max_len="$max_len" \
   -timeout="$timeout" -rss_limit_mb="$rss" -max_total_time="$secs" -print_final_stats=1 \
-  -jobs=1 -workers=1 || rc=$?
+  -jobs="${GEIST_FUZZ_WORKERS:-1}" -workers="${GEIST_FUZZ_WORKERS:-1}" || rc=$?
 
-log="$run/fuzz-0.log"
-grep -E "^#[0-9]+" "$log" | tail -1 || true
-grep -E "stat::number_of_executed_units|stat::average_exec_per_sec|stat::peak_rss_mb" "$log" || true
-grep -E "^(tokenizer_fuzz|session_load_fuzz|snapshot_fuzz)( stats| outcomes|:)|^ +[0-9]+  " "$log" || true
+for log in "$run"/fuzz-*.log; do
+  echo "== $log"
+  grep -E "^#[0-9]+" "$log" | tail -1 || true
+  grep -E "stat::number_of_executed_units|stat::average_exec_per_sec|stat::peak_rss_mb" "$log" || true
+  grep -E "^(tokenizer_fuzz|session_load_fuzz|snapshot_fuzz)( stats| outcomes|:)|^ +[0-9]+  " "$log" || true
+done
 if ls "$run/artifacts"/* >/dev/null 2>&1; then
   echo "FINDINGS in $run/artifacts:"; ls -l "$run/artifacts"
   rc=1

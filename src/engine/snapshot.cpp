@@ -36,6 +36,8 @@ constexpr uint32_t kCheckpointLive = 1u << 1;
 constexpr uint32_t kKnownFlags = kHasLogits | kCheckpointLive;
 constexpr size_t kHeaderBytes = 72;
 constexpr size_t kChecksumFrom = 32;
+// Header fields load_file reads before the rest (the layout above).
+constexpr size_t kOffVersion = 8, kOffTotal = 16, kOffFingerprint = 32;
 constexpr size_t kLayerBytes = 16;
 
 class Writer {
@@ -373,9 +375,9 @@ Status Session::load_file(const std::string &path) {
     }
     uint32_t version;
     uint64_t total, fingerprint;
-    std::memcpy(&version, h + 8, 4);
-    std::memcpy(&total, h + 16, 8);
-    std::memcpy(&fingerprint, h + 32, 8);
+    std::memcpy(&version, h + kOffVersion, 4);
+    std::memcpy(&total, h + kOffTotal, 8);
+    std::memcpy(&fingerprint, h + kOffFingerprint, 8);
     if (version != kVersion) {
       return GEIST_ERROR(GEIST_E_UNSUPPORTED, "'%s': snapshot version %u; this build reads version %u", path.c_str(),
                          version, kVersion);

@@ -121,9 +121,9 @@ void remove_stale_temps(int dirfd, const std::string &base) {
 
 std::atomic<unsigned> g_temp_counter{0};
 
-}  // namespace
-
-Status check_snapshot_target(const std::string &path) {
+// The rule for what is at path now (nothing, an empty regular file, or a snapshot); no
+// directory probe.
+Status check_existing_target(const std::string &path) {
   if (path.empty()) return GEIST_ERROR(GEIST_E_IO, "cannot write a snapshot: the path is empty");
   struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
@@ -154,6 +154,13 @@ Status check_snapshot_target(const std::string &path) {
   } else if (errno != ENOENT) {
     return GEIST_ERROR(GEIST_E_IO, "cannot write '%s': %s", path.c_str(), std::strerror(errno));
   }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status check_snapshot_target(const std::string &path) {
+  GEIST_RETURN_IF_ERROR(check_existing_target(path));
   // The directory must take a new file: probe with an unnamed temporary file, which
   // leaves nothing behind; without O_TMPFILE support, ask access().
   const std::string dir = dir_of(path);
@@ -181,7 +188,7 @@ Status check_snapshot_target(const std::string &path) {
 }
 
 Status write_snapshot_file(const std::string &path, const uint8_t *data, size_t n) {
-  GEIST_RETURN_IF_ERROR(check_snapshot_target(path));
+  // Nothing touches path before the rename, and the rule is checked right before it.
   const std::string dir = dir_of(path), base = base_of(path);
   Fd dirfd(open_retry(AT_FDCWD, dir.c_str(), O_RDONLY | O_DIRECTORY));
   if (dirfd.get() < 0) {
@@ -221,7 +228,7 @@ Status write_snapshot_file(const std::string &path, const uint8_t *data, size_t 
     }
   }
   // path may have changed while we wrote: check the rule again right before replacing.
-  if (Status s = check_snapshot_target(path); !s) {
+  if (Status s = check_existing_target(path); !s) {
     ::unlinkat(dirfd.get(), name.c_str(), 0);
     return s;
   }

@@ -28,12 +28,13 @@ inline constexpr char kSnapshotMagic[8] = {'G', 'E', 'I', 'S', 'T', 'S', 'N', 'P
 // message naming the path and the reason otherwise. Touches nothing.
 Status check_snapshot_target(const std::string &path);
 
-// Writes data[0, n) to path: check_snapshot_target, then a temporary file in path's
-// directory (O_TMPFILE where the filesystem has it, else "PATH.tmp.<pid>.<k>" held under
-// flock), fsync, rename over path, fsync of the directory. A crash leaves path either
-// old or new, never half written. Temporary files that a killed writer left next to
-// path are removed (only ones no live process holds and that are empty or start with the
-// magic). GEIST_E_IO on any failure, with path untouched.
+// Writes data[0, n) to path: a temporary file in path's directory (O_TMPFILE where the
+// filesystem has it, else "PATH.tmp.<pid>.<k>" held under flock), fsync, the rule above
+// checked on what is at path right before the rename over it, fsync of the directory.
+// (Callers check the whole rule first, so a refused path costs no work.) A crash leaves
+// path either old or new, never half written. Temporary files that a killed writer left
+// next to path are removed (only ones no live process holds and that are empty or start
+// with the magic). GEIST_E_IO on any failure, with path untouched.
 Status write_snapshot_file(const std::string &path, const uint8_t *data, size_t n);
 
 // Reads a snapshot file without hanging on a FIFO and without reading what is not a

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <random>
 
+#include "base/file_util.h"
 #include "commands.h"
 
 #include "base/thread_pool.h"
@@ -129,6 +130,21 @@ bool load_api_model(const std::string &path, api::Model *out, double *load_secon
     return false;
   }
   if (load_seconds) *load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return true;
+}
+
+bool check_snapshot_target(const char *flag, const std::string &path,
+                           const std::vector<std::pair<std::string, const char *>> &inputs) {
+  for (const auto &[file, what] : inputs) {
+    if (!file.empty() && same_file(path, file)) {
+      std::fprintf(stderr, "geist: error: %s '%s' is %s; refusing to write it\n", flag, path.c_str(), what);
+      return false;
+    }
+  }
+  if (api::Error e = api::snapshot_file_check(path)) {
+    std::fprintf(stderr, "geist: error: %s: %s\n", flag, e.message.c_str());
+    return false;
+  }
   return true;
 }
 

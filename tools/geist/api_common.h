@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -36,6 +37,13 @@ int report(const api::Error &e);
 // Load a model; on failure print one error line and return false. A missing default
 // model gets a hint on how to fetch it. *load_seconds: wall time of the load.
 bool load_api_model(const std::string &path, api::Model *out, double *load_seconds = nullptr);
+
+// Whether the snapshot file `path` named by `flag` (--prompt-cache, --save) may be
+// written: never one of `inputs` (the model, the prompt file; compared by identity) and
+// only what api::snapshot_file_check allows. Prints one error line and returns false if
+// not. Called before any work is done.
+bool check_snapshot_target(const char *flag, const std::string &path,
+                           const std::vector<std::pair<std::string, const char *>> &inputs);
 
 // A session with o's context, threads, chunk and sampling; prints the error on failure.
 bool create_session(const api::Model &m, const GenOptions &o, api::Session *out);

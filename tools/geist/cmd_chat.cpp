@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "api_common.h"
-#include "base/file_util.h"
 #include "commands.h"
 
 namespace geist::cli {
@@ -115,16 +114,7 @@ Turn chat_turn(api::Session &s, const api::Model &model, const ChatFormat &fmt, 
 int chat(const ChatOptions &o) {
   // --save is written after every turn: refuse a path geist may not write now, before the
   // model loads and the first reply streams.
-  if (!o.save.empty()) {
-    if (same_file(o.save, o.g.model)) {
-      std::fprintf(stderr, "geist: error: --save '%s' is the model file; refusing to write it\n", o.save.c_str());
-      return 1;
-    }
-    if (api::Error e = api::snapshot_file_check(o.save)) {
-      std::fprintf(stderr, "geist: error: --save: %s\n", e.message.c_str());
-      return 1;
-    }
-  }
+  if (!o.save.empty() && !check_snapshot_target("--save", o.save, {{o.g.model, "the model file"}})) return 1;
   api::Model model;
   if (!load_api_model(o.g.model, &model)) return 1;
   ChatFormat fmt;

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "api_common.h"
-#include "base/file_util.h"
 #include "commands.h"
 
 namespace geist::cli {
@@ -84,25 +83,6 @@ bool eval_with_cache(api::Session &s, const std::vector<geist_token> &prompt, co
   return true;
 }
 
-// The --prompt-cache file is written after the prompt is evaluated: refuse a path geist
-// may not write before any work is done (the model or prompt file itself, a file that is
-// not a geist snapshot, a device, a directory without write permission).
-bool check_prompt_cache(const RunOptions &o) {
-  const std::string &path = o.prompt_cache;
-  const char *what = same_file(path, o.g.model) ? "the model file"
-                     : !o.prompt_file.empty() && same_file(path, o.prompt_file) ? "the prompt file (-f)"
-                                                                                : nullptr;
-  if (what) {
-    std::fprintf(stderr, "geist: error: --prompt-cache '%s' is %s; refusing to write it\n", path.c_str(), what);
-    return false;
-  }
-  if (api::Error e = api::snapshot_file_check(path)) {
-    std::fprintf(stderr, "geist: error: --prompt-cache: %s\n", e.message.c_str());
-    return false;
-  }
-  return true;
-}
-
 int run(const RunOptions &o) {
   if (!o.prompt.empty() && !o.prompt_file.empty()) {
     std::fprintf(stderr, "geist: error: pass either -p TEXT or -f FILE, not both\n");
@@ -112,7 +92,13 @@ int run(const RunOptions &o) {
     std::fprintf(stderr, "geist: error: --system needs --chat (it is the system turn of a chat prompt)\n");
     return 2;
   }
-  if (!o.prompt_cache.empty() && !check_prompt_cache(o)) return 1;
+  // The cache is written after the prompt is evaluated: refuse a path geist may not write
+  // before any work is done.
+  if (!o.prompt_cache.empty() &&
+      !check_snapshot_target("--prompt-cache", o.prompt_cache,
+                             {{o.g.model, "the model file"}, {o.prompt_file, "the prompt file (-f)"}})) {
+    return 1;
+  }
   std::string prompt = o.prompt;
   if (!o.prompt_file.empty()) {
     if (!read_text_file(o.prompt_file, &prompt)) return 1;

@@ -23,8 +23,6 @@ Runner add_bench(CLI::App &app);
 
 // -m/--model with the default model's path as the default.
 void add_model_option(CLI::App *sub, std::string *path);
-// Load a model or print one line on stderr and return nullptr.
-std::unique_ptr<Model> load_model_or_report(const std::string &path);
 // One line "geist: error: ..." on stderr; returns the exit code to use.
 int report(const Status &s);
 // Read a whole text file (at most kMaxTextFileBytes; FIFOs and /dev/stdin too) or print

@@ -28,25 +28,6 @@ int report(const Status &s) {
   return 1;
 }
 
-std::unique_ptr<Model> load_model_or_report(const std::string &path) {
-  if (path == default_model_file()) {
-    std::ifstream f(path);
-    if (!f.good()) {
-      std::fprintf(stderr,
-                   "geist: error: default model not found at %s; run 'python3 scripts/fetch_model.py' or pass -m\n",
-                   path.c_str());
-      return nullptr;
-    }
-  }
-  note_model_path(path);
-  Result<std::unique_ptr<Model>> m = Model::load(path);
-  if (!m) {
-    report(m.status());
-    return nullptr;
-  }
-  return std::move(m).value();
-}
-
 bool read_text_file(const std::string &path, std::string *out) {
   if (Status s = read_file_limited(path == "-" ? "/dev/stdin" : path, kMaxTextFileBytes, out); !s) {
     report(s);
