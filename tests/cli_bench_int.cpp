@@ -283,6 +283,35 @@ TEST(CliBench, BadFlags) {
                         {"/nonexistent-dir/x.json"});
 }
 
+// --json and --plot replace only geist's own outputs: a user's file, a symlink and a
+// device are refused before the run and left as they were; a previous output is replaced.
+TEST(CliBench, OutputsReplaceOnlyGeistFiles) {
+  TempDir dir;
+  const std::string notes = dir.file("notes.txt"), link = dir.file("link.json");
+  {
+    std::ofstream f(notes);
+    f << "keep me\n";
+  }
+  ASSERT_EQ(symlink(notes.c_str(), link.c_str()), 0);
+  const std::vector<std::string> rows = {"bench", "rows", "-m", tiny(), "--list", "1,2", "-r", "1", "--no-progress"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = rows;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  expect_one_error_line(run_geist(with({"--json", notes})), {"--json", "notes.txt", "not a geist bench output"});
+  expect_one_error_line(run_geist(with({"--plot", notes})), {"--plot", "notes.txt", "not a geist bench output"});
+  expect_one_error_line(run_geist(with({"--json", link})), {"link.json", "symbolic link"});
+  expect_one_error_line(run_geist(with({"--plot", "/dev/null"})), {"/dev/null", "not a regular file"});
+  std::ifstream in(notes);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "keep me\n");
+  // Its own outputs are replaced, and a JSON is not taken for a plot.
+  const std::string js = dir.file("r.json"), svg = dir.file("r.svg");
+  ASSERT_EQ(run_geist(with({"--json", js, "--plot", svg})).code, 0);
+  ASSERT_EQ(run_geist(with({"--json", js, "--plot", svg})).code, 0);
+  expect_one_error_line(run_geist(with({"--plot", js})), {"--plot", "not a geist bench output"});
+}
+
 TEST(CliBench, Help) {
   const ProcResult r = run_geist({"bench", "--help"});
   expect_ok(r);

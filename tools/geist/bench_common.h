@@ -31,8 +31,9 @@ std::vector<geist_token> corpus_slice(const std::vector<geist_token> &corpus, si
 // Write text to path (replacing it); on failure print one error line and return false.
 bool write_file(const std::string &path, const std::string &text);
 
-// Before a run: the directories of --json and --plot exist and are writable (a long run
-// must not end in a write error); false after printing an error.
+// Before a run: --json and --plot name nothing or a geist output of their kind (never a
+// user's file, a symlink or a device), in a writable directory (a long run must not end
+// in a write error); false after printing an error.
 bool outputs_writable(const BenchCommon &o);
 
 // Write --json and --plot outputs when asked; false after printing an error.

@@ -3,16 +3,22 @@
 //   pp-tg   llama-bench's prompt processing and text generation tests
 //   rows    prefill time of one chunk of n rows, for every n, with the aligned-neighbour test
 // docs/BENCH.md describes each, the statistics and the JSON schema.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <utility>
 
 #include "api_common.h"
+#include "base/file_util.h"
 #include "bench_common.h"
 #include "corpus.h"
+#include "svg_plot.h"
 
 namespace geist::cli {
 
@@ -40,24 +46,56 @@ std::vector<geist_token> corpus_slice(const std::vector<geist_token> &corpus, si
 }
 
 bool write_file(const std::string &path, const std::string &text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (f) f.write(text.data(), std::streamsize(text.size()));
-  if (f) f.close();
-  if (!f) {
-    std::fprintf(stderr, "geist: error: cannot write '%s'\n", path.c_str());
+  // O_NOFOLLOW: a symlink put in place since outputs_writable is not followed.
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666);
+  bool ok = fd >= 0;
+  for (size_t off = 0; ok && off < text.size();) {
+    const ssize_t w = ::write(fd, text.data() + off, text.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    ok = w > 0;
+    if (ok) off += size_t(w);
+  }
+  const int err = errno;
+  if (fd >= 0 && ::close(fd) != 0) ok = false;
+  if (!ok) {
+    std::fprintf(stderr, "geist: error: cannot write '%s': %s\n", path.c_str(), std::strerror(err));
     return false;
   }
   return true;
 }
 
+namespace {
+
+// Whether path may receive a bench output: absent, empty, or a regular file that holds
+// `marker` (a JSON document or plot geist wrote). Anything else is refused with one line.
+bool output_replaceable(const std::string &flag, const std::string &path, const std::string &marker) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return true;  // absent (or unreachable: the write will say)
+  const char *why = nullptr;
+  if (S_ISLNK(st.st_mode)) {
+    why = "it is a symbolic link";
+  } else if (!S_ISREG(st.st_mode)) {
+    why = S_ISDIR(st.st_mode) ? "it is a directory" : "it is not a regular file";
+  } else if (st.st_size > 0) {
+    std::string text;
+    const bool ours = read_file_limited(path, size_t(64) << 20, &text).is_ok() && text.find(marker) != std::string::npos;
+    if (!ours) why = "it exists and is not a geist bench output (remove it or choose another path)";
+  }
+  if (why) std::fprintf(stderr, "geist: error: %s: refusing to write '%s': %s\n", flag.c_str(), path.c_str(), why);
+  return why == nullptr;
+}
+
+}  // namespace
+
 bool outputs_writable(const BenchCommon &o) {
+  if (!o.json.empty() && !output_replaceable("--json", o.json, "\"schema\": \"geist-bench/")) return false;
+  if (!o.plot.empty() && !output_replaceable("--plot", o.plot, kSvgPlotMarker)) return false;
   for (const std::string &path : {o.json, o.plot}) {
     if (path.empty()) continue;
     std::filesystem::path dir = std::filesystem::path(path).parent_path();
     if (dir.empty()) dir = ".";
     std::error_code ec;
-    if (!std::filesystem::is_directory(dir, ec) || access(dir.c_str(), W_OK) != 0 ||
-        std::filesystem::is_directory(path, ec)) {
+    if (!std::filesystem::is_directory(dir, ec) || access(dir.c_str(), W_OK) != 0) {
       std::fprintf(stderr, "geist: error: cannot write '%s' (no such writable directory)\n",
                    path.c_str());
       return false;

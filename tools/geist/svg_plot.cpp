@@ -233,6 +233,7 @@ std::string svg_open(int w, int h, const std::string &title) {
           w, h, w, h);
   const std::string t = xml_escape(title);
   s += "<title>" + t + "</title>\n";
+  s += std::string(kSvgPlotMarker) + "\n";  // geist bench --plot may replace only its own files
   s += fmt("<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", w, h);
   // Shrink a long title to fit the width (bold glyphs average about 0.62 em).
   const double fit = (w - 24) / (0.62 * double(std::max<size_t>(title.size(), 1)));

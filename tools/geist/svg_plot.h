@@ -10,6 +10,9 @@
 
 namespace geist::cli {
 
+// The description every plot carries after its title: marks the file as geist's.
+inline constexpr const char *kSvgPlotMarker = "<desc>geist bench plot</desc>";
+
 // One row of a latency plot: a name (a mode, e.g. "pin") and its samples in milliseconds.
 struct PlotSeries {
   std::string name;
