@@ -8,7 +8,7 @@ namespace geist {
 
 Result<std::unique_ptr<Model>> Model::finish(std::unique_ptr<gguf::GgufFile> f, const ModelParams &p, double t0) {
   std::unique_ptr<models::ArchModel> arch;
-  GEIST_ASSIGN_OR_RETURN(arch, models::load_arch(*f));
+  GEIST_ASSIGN_OR_RETURN(arch, models::load_arch(*f, make_cpu_backend()));
   Result<Tokenizer> tok = Tokenizer::from_gguf(*f);
   if (!tok) return tok.status();
   if (tok->n_vocab() > arch->info().n_vocab) {

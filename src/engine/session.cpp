@@ -3,14 +3,15 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/thread_pool.h"
 #include "base/timer.h"
 
 namespace geist {
 
-Session::Session(const Model &m, const SessionParams &p, std::unique_ptr<models::KvCache> c, int n_threads)
-    : model_(m), params_(p), cache_(std::move(c)), pool_(n_threads), sampler_(p.sampling) {
+Session::Session(const Model &m, const SessionParams &p, std::unique_ptr<KvStore> c, std::unique_ptr<Exec> e)
+    : model_(m), params_(p), cache_(std::move(c)), exec_(std::move(e)), sampler_(p.sampling) {
   logits_.resize(static_cast<size_t>(m.info().n_vocab));
-  m.arch().reserve(ws_, params_.chunk);
+  m.arch().reserve(*exec_);
 }
 
 Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionParams &p) {
@@ -33,9 +34,12 @@ Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionPa
   int threads = q.n_threads > 0 ? q.n_threads : ThreadPool::hardware_threads();
   if (threads > 512) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "n_threads %d out of range", threads);
   q.chunk = static_cast<int>(std::min<int64_t>(q.chunk, q.n_ctx));
-  std::unique_ptr<models::KvCache> cache;
-  GEIST_ASSIGN_OR_RETURN(cache, models::KvCache::create(m.arch().kv_layout(), q.n_ctx, q.chunk));
-  return std::unique_ptr<Session>(new Session(m, q, std::move(cache), threads));
+  Backend &b = m.arch().backend();
+  std::unique_ptr<KvStore> cache;
+  GEIST_ASSIGN_OR_RETURN(cache, b.create_kv(m.arch().kv_layout(), q.n_ctx, q.chunk));
+  std::unique_ptr<Exec> exec;
+  GEIST_ASSIGN_OR_RETURN(exec, b.create_exec(threads, q.chunk));
+  return std::unique_ptr<Session>(new Session(m, q, std::move(cache), std::move(exec)));
 }
 
 void Session::reserve_tokens(size_t extra) {
@@ -81,9 +85,10 @@ Status Session::check_append(const int32_t *tokens, size_t n) const {
   return Status::ok();
 }
 
-// Inputs are validated and the scratch is reserved at create, so forward() cannot fail
-// here; a failure would be a bug, reported as GEIST_E_INTERNAL by the caller's check.
-void Session::run_chunks(const int32_t *tokens, size_t n, size_t first, float *out) {
+// Inputs are validated and the scratch is reserved at create, so forward() fails only on
+// a device error. Earlier chunks of this call may then have overwritten ring rows the
+// state before the call still read, so the session goes back to its pin (or empty).
+Status Session::run_chunks(const int32_t *tokens, size_t n, size_t first, float *out) {
   const size_t nv = static_cast<size_t>(model_.info().n_vocab);
   reserve_tokens(n);  // may throw: before anything changes
   for (size_t done = 0; done < n;) {
@@ -101,20 +106,33 @@ void Session::run_chunks(const int32_t *tokens, size_t n, size_t first, float *o
       first_row = rows - 1;
       dst = logits_.data();
     }
-    Status st = model_.arch().forward(tokens + done, rows, *cache_, ws_, pool_, first_row, dst);
-    GEIST_CHECK(st.is_ok(), st.to_string().c_str());
+    Status st = model_.arch().forward(tokens + done, rows, *cache_, *exec_, first_row, dst);
+    if (!st.is_ok()) {
+      recover(rows);
+      return st;
+    }
     tokens_.insert(tokens_.end(), tokens + done, tokens + done + rows);
     done += rows;
   }
   if (out) std::memcpy(logits_.data(), out + (n - 1 - first) * nv, nv * sizeof(float));
   for (size_t i = 0; i < n; ++i) sampler_.accept(tokens[i]);
   has_logits_ = true;
+  return Status::ok();
+}
+
+void Session::recover(int failed_rows) {
+  if (!pin_ || tokens_.size() < pin_->n) {
+    clear();
+    return;
+  }
+  cache_->n_past += failed_rows;  // the failed call may have written these: rewind them too
+  reset();
 }
 
 Status Session::prefill(const int32_t *tokens, size_t n) {
   GEIST_RETURN_IF_ERROR(check_append(tokens, n));
   Timer t;
-  run_chunks(tokens, n, 0, nullptr);
+  GEIST_RETURN_IF_ERROR(run_chunks(tokens, n, 0, nullptr));
   stats_.last_prefill_seconds = t.seconds();
   stats_.prefill_seconds += stats_.last_prefill_seconds;
   stats_.n_prefill_tokens += n;
@@ -127,7 +145,7 @@ Status Session::prefill_with_logits(const int32_t *tokens, size_t n, size_t firs
     return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "logits requested from row %zu of %zu", first, n);
   }
   Timer t;
-  run_chunks(tokens, n, first, out);
+  GEIST_RETURN_IF_ERROR(run_chunks(tokens, n, first, out));
   stats_.last_prefill_seconds = t.seconds();
   stats_.prefill_seconds += stats_.last_prefill_seconds;
   stats_.n_prefill_tokens += n;
@@ -165,7 +183,7 @@ Status Session::pin_prefix(const int32_t *tokens, size_t n) {
   }
   Timer t;
   clear();
-  run_chunks(tokens, n, 0, nullptr);
+  GEIST_RETURN_IF_ERROR(run_chunks(tokens, n, 0, nullptr));
   pin_ = make_pin();
   stats_.pin_seconds += t.seconds();
   stats_.n_pins += 1;
@@ -209,8 +227,11 @@ Status Session::decode_step(int32_t *out) {
   Timer t;
   reserve_tokens(1);  // may throw: before the sampler draws
   const int32_t tok = sampler_.sample(logits_.data(), n_vocab());  // records tok in the history
-  Status st = model_.arch().forward(&tok, 1, *cache_, ws_, pool_, 0, logits_.data());
-  GEIST_CHECK(st.is_ok(), st.to_string().c_str());
+  Status st = model_.arch().forward(&tok, 1, *cache_, *exec_, 0, logits_.data());
+  if (!st.is_ok()) {
+    recover(1);
+    return st;
+  }
   tokens_.push_back(tok);
   *out = tok;
   stats_.last_decode_seconds = t.seconds();

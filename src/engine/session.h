@@ -4,7 +4,9 @@
 // concurrently, each with its own thread pool.
 //
 // Every method that returns an error leaves the session exactly as it was (inputs are
-// validated and memory is allocated before anything changes).
+// validated and memory is allocated before anything changes), with one exception: a
+// device error during a forward pass (a GPU backend's fault, reported with the device's
+// message) takes the session back to its pin, or empty if it has none.
 //
 // Pin and reset. pin_prefix(P tokens) records the state after them: tokens, logits,
 // sampler state, and for each sliding-window layer the K/V rows of positions
@@ -23,7 +25,6 @@
 #include <vector>
 
 #include "base/status.h"
-#include "base/thread_pool.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "models/arch.h"
@@ -97,7 +98,7 @@ class Session {
   const std::vector<int32_t> &tokens() const { return tokens_; }
   int64_t n_ctx() const { return cache_->n_ctx(); }
   int chunk() const { return params_.chunk; }
-  int n_threads() const { return pool_.n_threads(); }
+  int n_threads() const { return exec_->n_threads(); }
   const Model &model() const { return model_; }
   const SamplerParams &sampling() const { return sampler_.params(); }
   const SessionStats &stats() const { return stats_; }
@@ -115,19 +116,21 @@ class Session {
     std::vector<std::vector<float>> rows;
   };
 
-  Session(const Model &m, const SessionParams &p, std::unique_ptr<models::KvCache> c, int n_threads);
+  Session(const Model &m, const SessionParams &p, std::unique_ptr<KvStore> c, std::unique_ptr<Exec> e);
   Status check_append(const int32_t *tokens, size_t n) const;
-  // Chunked forward passes; out/first as prefill_with_logits (out may be null).
-  void run_chunks(const int32_t *tokens, size_t n, size_t first, float *out);
+  // Chunked forward passes; out/first as prefill_with_logits (out may be null). An error
+  // is a device error, after which the session is back at its pin (recover).
+  Status run_chunks(const int32_t *tokens, size_t n, size_t first, float *out);
+  // After a forward pass of failed_rows rows failed: back to the pin, or empty.
+  void recover(int failed_rows);
   std::unique_ptr<Pin> make_pin() const;
   // Room in tokens_ for extra more (amortized O(1) per token). May throw bad_alloc.
   void reserve_tokens(size_t extra);
 
   const Model &model_;
   SessionParams params_;
-  std::unique_ptr<models::KvCache> cache_;
-  models::Workspace ws_;
-  ThreadPool pool_;
+  std::unique_ptr<KvStore> cache_;
+  std::unique_ptr<Exec> exec_;
   Sampler sampler_;
   std::vector<int32_t> tokens_;
   std::vector<float> logits_;  // [n_vocab]

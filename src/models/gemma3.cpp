@@ -7,8 +7,6 @@
 #include <vector>
 
 #include "backends/cpu/ops.h"
-#include "backends/cpu/packed.h"
-#include "base/timer.h"
 #include "gguf/gguf_reader.h"
 #include "models/model_loader.h"
 
@@ -18,29 +16,30 @@ namespace {
 struct Layer {
   bool sliding = false;
   WeightView attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down;
-  const float *attn_norm = nullptr;            // [n_embd]
-  const float *attn_q_norm = nullptr;          // [head_dim]
-  const float *attn_k_norm = nullptr;          // [head_dim]
-  const float *post_attention_norm = nullptr;  // [n_embd]
-  const float *ffn_norm = nullptr;             // [n_embd]
-  const float *post_ffw_norm = nullptr;        // [n_embd]
+  WeightView attn_norm;            // [n_embd]
+  WeightView attn_q_norm;          // [head_dim]
+  WeightView attn_k_norm;          // [head_dim]
+  WeightView post_attention_norm;  // [n_embd]
+  WeightView ffn_norm;             // [n_embd]
+  WeightView post_ffw_norm;        // [n_embd]
 };
 
 class Gemma3 final : public ArchModel {
  public:
   const ModelInfo &info() const override { return info_; }
   std::vector<KvLayerSpec> kv_layout() const override;
-  void reserve(Workspace &ws, int max_chunk) const override;
-  Status forward(const int32_t *tokens, int n_rows, KvCache &cache, Workspace &ws, ThreadPool &pool,
-                 int first_logit_row, float *logits) const override;
+  Backend &backend() const override { return *backend_; }
+  void reserve(Exec &ex) const override;
+  Status forward(const int32_t *tokens, int n_rows, KvStore &kv, Exec &ex, int first_logit_row,
+                 float *logits) const override;
 
-  Status load(const gguf::GgufFile &f);
+  Status load(const gguf::GgufFile &f, std::unique_ptr<Backend> backend);
 
  private:
-  void attention_block(const Layer &L, int il, float *h, int n, int64_t pos0, KvCache &cache, Workspace &ws,
-                       ThreadPool &pool) const;
-  void ffn_block(const Layer &L, float *h, int n, Workspace &ws, ThreadPool &pool) const;
+  void attention_block(const Layer &L, int il, Act h, int n, KvStore &kv, Exec &ex, Act cs) const;
+  void ffn_block(const Layer &L, Act h, int n, Exec &ex) const;
 
+  std::unique_ptr<Backend> backend_;
   ModelInfo info_;
   int64_t n_embd_ = 0, n_head_ = 0, n_head_kv_ = 0, head_dim_ = 0, n_ff_ = 0;
   int window_ = 0;
@@ -48,16 +47,15 @@ class Gemma3 final : public ArchModel {
   float attn_scale_ = 0.0f;
   float softcap_ = 0.0f;  // 0: none
   cpu::RopeTable rope_global_, rope_local_;
-  WeightView token_embd_, output_;
-  const float *output_norm_ = nullptr;
+  WeightView token_embd_, output_, output_norm_;
   std::vector<Layer> layers_;
-  cpu::PackedStore packed_;  // repacked weights (the mapped originals are released)
 };
 
 // Scratch slots of the forward pass.
 enum Slot { kH, kX, kQ, kK, kV, kAttn, kO, kGate, kUp, kRopeG, kRopeL };
 
-Status Gemma3::load(const gguf::GgufFile &f) {
+Status Gemma3::load(const gguf::GgufFile &f, std::unique_ptr<Backend> backend) {
+  backend_ = std::move(backend);
   HparamReader hp(f, "gemma3");
   int64_t n_layer = 0;
   GEIST_ASSIGN_OR_RETURN(n_layer, hp.get_int("block_count"));
@@ -115,44 +113,42 @@ Status Gemma3::load(const gguf::GgufFile &f) {
   } else {
     output_ = token_embd_;  // tied head
   }
-  GEIST_ASSIGN_OR_RETURN(output_norm_, tb.vector("output_norm.weight", d));
+  GEIST_ASSIGN_OR_RETURN(output_norm_, tb.norm("output_norm.weight", d));
   layers_.resize(n_layer);
   for (int64_t il = 0; il < n_layer; ++il) {
     Layer &L = layers_[il];
     const std::string p = "blk." + std::to_string(il) + ".";
     L.sliding = window_ > 0 && (il + 1) % pattern != 0;
-    GEIST_ASSIGN_OR_RETURN(L.attn_norm, tb.vector(p + "attn_norm.weight", d));
+    GEIST_ASSIGN_OR_RETURN(L.attn_norm, tb.norm(p + "attn_norm.weight", d));
     GEIST_ASSIGN_OR_RETURN(L.attn_q, tb.matrix(p + "attn_q.weight", d, qd));
     GEIST_ASSIGN_OR_RETURN(L.attn_k, tb.matrix(p + "attn_k.weight", d, kvd));
     GEIST_ASSIGN_OR_RETURN(L.attn_v, tb.matrix(p + "attn_v.weight", d, kvd));
-    GEIST_ASSIGN_OR_RETURN(L.attn_q_norm, tb.vector(p + "attn_q_norm.weight", head_dim_));
-    GEIST_ASSIGN_OR_RETURN(L.attn_k_norm, tb.vector(p + "attn_k_norm.weight", head_dim_));
+    GEIST_ASSIGN_OR_RETURN(L.attn_q_norm, tb.norm(p + "attn_q_norm.weight", head_dim_));
+    GEIST_ASSIGN_OR_RETURN(L.attn_k_norm, tb.norm(p + "attn_k_norm.weight", head_dim_));
     GEIST_ASSIGN_OR_RETURN(L.attn_output, tb.matrix(p + "attn_output.weight", qd, d));
-    GEIST_ASSIGN_OR_RETURN(L.post_attention_norm, tb.vector(p + "post_attention_norm.weight", d));
-    GEIST_ASSIGN_OR_RETURN(L.ffn_norm, tb.vector(p + "ffn_norm.weight", d));
+    GEIST_ASSIGN_OR_RETURN(L.post_attention_norm, tb.norm(p + "post_attention_norm.weight", d));
+    GEIST_ASSIGN_OR_RETURN(L.ffn_norm, tb.norm(p + "ffn_norm.weight", d));
     GEIST_ASSIGN_OR_RETURN(L.ffn_gate, tb.matrix(p + "ffn_gate.weight", d, n_ff_));
     GEIST_ASSIGN_OR_RETURN(L.ffn_up, tb.matrix(p + "ffn_up.weight", d, n_ff_));
     GEIST_ASSIGN_OR_RETURN(L.ffn_down, tb.matrix(p + "ffn_down.weight", n_ff_, d));
-    GEIST_ASSIGN_OR_RETURN(L.post_ffw_norm, tb.vector(p + "post_ffw_norm.weight", d));
+    GEIST_ASSIGN_OR_RETURN(L.post_ffw_norm, tb.norm(p + "post_ffw_norm.weight", d));
   }
-  // Repack the matrices for the CPU tier in use, one at a time, releasing each one's mapped
-  // pages after it is packed: the process then holds one copy of the weights. The token
-  // embedding stays in the mapping (a lookup touches one row); when it is also the output
-  // head (tied), the head's packed copy is separate and the embedding rows fault back in
-  // as tokens are seen.
-  const double t_pack = now_seconds();
-  ThreadPool pack_pool(ThreadPool::hardware_threads());
-  auto pack = [&](WeightView &w) {
-    if (cpu::pack_weight(&w, &packed_, &pack_pool)) f.release_pages(w.data, w.row_bytes * size_t(w.n_out));
-  };
-  pack(output_);
+  ModelWeights mw;
+  mw.matrices.push_back(&output_);
+  mw.tables.push_back(&token_embd_);
+  mw.vectors.push_back(&output_norm_);
   for (Layer &L : layers_) {
     for (WeightView *w : {&L.attn_q, &L.attn_k, &L.attn_v, &L.attn_output, &L.ffn_gate, &L.ffn_up, &L.ffn_down}) {
-      pack(*w);
+      mw.matrices.push_back(w);
+    }
+    for (WeightView *w : {&L.attn_norm, &L.attn_q_norm, &L.attn_k_norm, &L.post_attention_norm, &L.ffn_norm,
+                          &L.post_ffw_norm}) {
+      mw.vectors.push_back(w);
     }
   }
-  info_.packed_bytes = packed_.bytes();
-  info_.repack_seconds = now_seconds() - t_pack;
+  GEIST_RETURN_IF_ERROR(backend_->prepare(mw, [&f](const void *p, size_t n) { f.release_pages(p, n); }));
+  info_.packed_bytes = backend_->weight_bytes();
+  info_.repack_seconds = backend_->prepare_seconds();
   info_.arch = "gemma3";
   info_.n_embd = n_embd_;
   info_.n_layer = n_layer;
@@ -167,93 +163,80 @@ std::vector<KvLayerSpec> Gemma3::kv_layout() const {
   return out;
 }
 
-void Gemma3::reserve(Workspace &ws, int max_chunk) const {
-  const size_t n = size_t(max_chunk), qd = size_t(n_head_ * head_dim_), kvd = size_t(n_head_kv_ * head_dim_);
-  ws.get(kH, n * n_embd_);
-  ws.get(kX, n * n_embd_);
-  ws.get(kQ, n * qd);
-  ws.get(kK, n * kvd);
-  ws.get(kV, n * kvd);
-  ws.get(kAttn, n * qd);
-  ws.get(kO, n * n_embd_);
-  ws.get(kGate, n * n_ff_);
-  ws.get(kUp, n * n_ff_);
-  ws.get(kRopeG, n * head_dim_);
-  ws.get(kRopeL, n * head_dim_);
+void Gemma3::reserve(Exec &ex) const {
+  const int64_t qd = n_head_ * head_dim_, kvd = n_head_kv_ * head_dim_;
+  for (auto [slot, width] : {std::pair{kH, n_embd_}, {kX, n_embd_}, {kQ, qd}, {kK, kvd}, {kV, kvd}, {kAttn, qd},
+                             {kO, n_embd_}, {kGate, n_ff_}, {kUp, n_ff_}, {kRopeG, head_dim_}, {kRopeL, head_dim_}}) {
+    ex.buffer(slot, width);
+  }
 }
 
 // h += post_norm(W_o * attention(rope(norm(W_q x)), rope(norm(W_k x)), W_v x)), x = norm(h)
-void Gemma3::attention_block(const Layer &L, int il, float *h, int n, int64_t pos0, KvCache &cache, Workspace &ws,
-                             ThreadPool &pool) const {
+void Gemma3::attention_block(const Layer &L, int il, Act h, int n, KvStore &kv, Exec &ex, Act cs) const {
   const int64_t d = n_embd_, qd = n_head_ * head_dim_, kvd = n_head_kv_ * head_dim_;
-  float *x = ws.get(kX, size_t(n) * d);        // [n][d]
-  float *q = ws.get(kQ, size_t(n) * qd);       // [n][n_head][head_dim]
-  float *k = ws.get(kK, size_t(n) * kvd);      // [n][n_head_kv][head_dim]
-  float *v = ws.get(kV, size_t(n) * kvd);      // [n][n_head_kv][head_dim]
-  float *att = ws.get(kAttn, size_t(n) * qd);  // [n][n_head][head_dim]
-  float *o = ws.get(kO, size_t(n) * d);        // [n][d]
-  const float *cs = ws.get(L.sliding ? kRopeL : kRopeG, 0);  // [n][head_dim/2][2], filled in forward()
+  const Act x = ex.buffer(kX, d);       // [n][d]
+  const Act q = ex.buffer(kQ, qd);      // [n][n_head][head_dim]
+  const Act k = ex.buffer(kK, kvd);     // [n][n_head_kv][head_dim]
+  const Act v = ex.buffer(kV, kvd);     // [n][n_head_kv][head_dim]
+  const Act att = ex.buffer(kAttn, qd); // [n][n_head][head_dim]
+  const Act o = ex.buffer(kO, d);       // [n][d]
 
-  cpu::rmsnorm_to(h, L.attn_norm, x, n, d, eps_, pool);
+  ex.rmsnorm(h, &L.attn_norm, n, d, eps_, x);
   {
     const WeightView *ws[] = {&L.attn_q, &L.attn_k, &L.attn_v};
-    float *ys[] = {q, k, v};
-    cpu::matmul_shared_input(ws, 3, x, ys, n, pool);
+    const Act ys[] = {q, k, v};
+    ex.matmul(ws, 3, x, ys, n);
   }
-  cpu::rmsnorm(q, L.attn_q_norm, int64_t(n) * n_head_, head_dim_, eps_, pool);
-  cpu::rmsnorm(k, L.attn_k_norm, int64_t(n) * n_head_kv_, head_dim_, eps_, pool);
-  cpu::rope_neox(q, n, int(n_head_), int(head_dim_), int(head_dim_), cs, pool);
-  cpu::rope_neox(k, n, int(n_head_kv_), int(head_dim_), int(head_dim_), cs, pool);
+  ex.rmsnorm(q, &L.attn_q_norm, int64_t(n) * n_head_, head_dim_, eps_, q);
+  ex.rmsnorm(k, &L.attn_k_norm, int64_t(n) * n_head_kv_, head_dim_, eps_, k);
+  ex.rope(q, n, int(n_head_), int(head_dim_), int(head_dim_), cs);
+  ex.rope(k, n, int(n_head_kv_), int(head_dim_), int(head_dim_), cs);
 
-  cache.append(il, pos0, n, k, v);
-  const int64_t cap = cache.capacity(il);  // the attention kernel reads the ring itself
-  cpu::AttentionArgs a{q,  cache.k(il), cache.v(il),      att,       n, pos0, cap, int(n_head_), int(n_head_kv_),
-                       int(head_dim_), L.sliding ? window_ : 0, attn_scale_};
-  cpu::attention(a, pool);
-  cpu::matmul(L.attn_output, att, o, n, pool);
-  cpu::rmsnorm(o, L.post_attention_norm, n, d, eps_, pool);
-  cpu::add_inplace(h, o, int64_t(n) * d);
+  ex.kv_append(kv, il, k, v, n);
+  ex.attention(kv, il, q, att, n, int(n_head_), int(head_dim_), L.sliding ? window_ : 0, attn_scale_);
+  ex.matmul(L.attn_output, att, o, n);
+  ex.rmsnorm(o, &L.post_attention_norm, n, d, eps_, o);
+  ex.add(h, o, int64_t(n) * d);
 }
 
 // h += post_norm(W_down (gelu(W_gate x) * W_up x)), x = norm(h)
-void Gemma3::ffn_block(const Layer &L, float *h, int n, Workspace &ws, ThreadPool &pool) const {
-  const int64_t d = n_embd_;
-  gelu_ffn_residual(h, n, d, L.ffn_norm, L.ffn_gate, L.ffn_up, L.ffn_down, L.post_ffw_norm, eps_,
-                    ws.get(kX, size_t(n) * d), ws.get(kGate, size_t(n) * n_ff_), ws.get(kUp, size_t(n) * n_ff_),
-                    ws.get(kO, size_t(n) * d), pool);
+void Gemma3::ffn_block(const Layer &L, Act h, int n, Exec &ex) const {
+  gelu_ffn_residual(ex, h, n, L.ffn_norm, L.ffn_gate, L.ffn_up, L.ffn_down, L.post_ffw_norm, eps_,
+                    ex.buffer(kX, n_embd_), ex.buffer(kGate, n_ff_), ex.buffer(kUp, n_ff_), ex.buffer(kO, n_embd_));
 }
 
-Status Gemma3::forward(const int32_t *tokens, int n, KvCache &cache, Workspace &ws, ThreadPool &pool,
-                       int first_logit_row, float *logits) const {
-  GEIST_RETURN_IF_ERROR(check_forward_args(tokens, n, cache, int(layers_.size()), info_.n_vocab));
+Status Gemma3::forward(const int32_t *tokens, int n, KvStore &kv, Exec &ex, int first_logit_row,
+                       float *logits) const {
+  GEIST_RETURN_IF_ERROR(check_forward_args(tokens, n, kv, int(layers_.size()), info_.n_vocab));
   if (first_logit_row < 0 || first_logit_row > n) first_logit_row = n;
   const int64_t d = n_embd_;
-  const int64_t pos0 = cache.n_past;
 
-  float *h = ws.get(kH, size_t(n) * d);  // [n][d] residual stream
-  rope_global_.fill(pos0, n, ws.get(kRopeG, size_t(n) * head_dim_));
-  rope_local_.fill(pos0, n, ws.get(kRopeL, size_t(n) * head_dim_));
-  cpu::embedding_gather(token_embd_, tokens, n, std::sqrt(float(d)), h);
+  ex.begin_step(tokens, n, kv.n_past);
+  const Act cs_global = ex.rope_rows(kRopeG, rope_global_), cs_local = ex.rope_rows(kRopeL, rope_local_);
+  const Act h = ex.buffer(kH, d);  // [n][d] residual stream
+  ex.embed(token_embd_, std::sqrt(float(d)), h);
 
   for (size_t il = 0; il < layers_.size(); ++il) {
-    attention_block(layers_[il], int(il), h, n, pos0, cache, ws, pool);
-    ffn_block(layers_[il], h, n, ws, pool);
+    const Layer &L = layers_[il];
+    attention_block(L, int(il), h, n, kv, ex, L.sliding ? cs_local : cs_global);
+    ffn_block(L, h, n, ex);
   }
-  cache.n_past += n;
 
   const int n_out = n - first_logit_row;
   if (logits && n_out > 0) {
-    output_logits(output_, output_norm_, h + size_t(first_logit_row) * d, n_out, d, eps_, softcap_,
-                  ws.get(kX, size_t(n_out) * d), logits, pool);
+    output_logits(ex, output_, output_norm_, h.rows_from(first_logit_row), n_out, eps_, softcap_, ex.buffer(kX, d),
+                  logits);
   }
+  GEIST_RETURN_IF_ERROR(ex.end_step());
+  kv.n_past += n;
   return Status::ok();
 }
 
 }  // namespace
 
-Result<std::unique_ptr<ArchModel>> load_gemma3(const gguf::GgufFile &file) {
+Result<std::unique_ptr<ArchModel>> load_gemma3(const gguf::GgufFile &file, std::unique_ptr<Backend> backend) {
   auto m = std::make_unique<Gemma3>();
-  GEIST_RETURN_IF_ERROR(m->load(file));
+  GEIST_RETURN_IF_ERROR(m->load(file, std::move(backend)));
   return std::unique_ptr<ArchModel>(std::move(m));
 }
 

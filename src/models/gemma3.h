@@ -7,7 +7,7 @@
 
 namespace geist::models {
 
-// Bind hyperparameters and tensors of a gemma3 GGUF; weights stay in the mapping.
-Result<std::unique_ptr<ArchModel>> load_gemma3(const gguf::GgufFile &file);
+// Bind hyperparameters and tensors of a gemma3 GGUF and have the backend prepare them.
+Result<std::unique_ptr<ArchModel>> load_gemma3(const gguf::GgufFile &file, std::unique_ptr<Backend> backend);
 
 }  // namespace geist::models

@@ -16,8 +16,6 @@
 #include <vector>
 
 #include "backends/cpu/ops.h"
-#include "backends/cpu/packed.h"
-#include "base/timer.h"
 #include "gguf/gguf_reader.h"
 #include "models/model_loader.h"
 
@@ -31,30 +29,30 @@ struct Layer {
   int64_t head_dim = 0, n_ff = 0;
   float out_scale = 1.0f;
   WeightView attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down, inp_gate, proj;
-  const float *attn_norm = nullptr, *attn_q_norm = nullptr, *attn_k_norm = nullptr;
-  const float *post_attention_norm = nullptr, *ffn_norm = nullptr, *post_ffw_norm = nullptr;
-  const float *post_norm = nullptr;  // after the PLE projection
+  WeightView attn_norm, attn_q_norm, attn_k_norm, post_attention_norm, ffn_norm, post_ffw_norm;
+  WeightView post_norm;  // after the PLE projection
 };
 
 class Gemma4 final : public ArchModel {
  public:
   const ModelInfo &info() const override { return info_; }
   std::vector<KvLayerSpec> kv_layout() const override;
-  void reserve(Workspace &ws, int max_chunk) const override;
-  Status forward(const int32_t *tokens, int n_rows, KvCache &cache, Workspace &ws, ThreadPool &pool,
-                 int first_logit_row, float *logits) const override;
+  Backend &backend() const override { return *backend_; }
+  void reserve(Exec &ex) const override;
+  Status forward(const int32_t *tokens, int n_rows, KvStore &kv, Exec &ex, int first_logit_row,
+                 float *logits) const override;
 
-  Status load(const gguf::GgufFile &f);
+  Status load(const gguf::GgufFile &f, std::unique_ptr<Backend> backend);
 
  private:
   Status load_hparams(const gguf::GgufFile &f, std::vector<bool> *sliding, std::vector<int64_t> *n_ff,
                       int64_t *n_shared);
-  void per_layer_inputs(const int32_t *tokens, const float *e, int n, Workspace &ws, ThreadPool &pool) const;
-  void attention_block(const Layer &L, int il, float *h, int n, int64_t pos0, KvCache &cache, Workspace &ws,
-                       ThreadPool &pool) const;
-  void ffn_block(const Layer &L, float *h, int n, Workspace &ws, ThreadPool &pool) const;
-  void ple_block(const Layer &L, int il, float *h, int n, Workspace &ws, ThreadPool &pool) const;
+  void per_layer_inputs(Act e, int n, Exec &ex) const;
+  void attention_block(const Layer &L, Act h, int n, KvStore &kv, Exec &ex, Act cs) const;
+  void ffn_block(const Layer &L, Act h, int n, Exec &ex) const;
+  void ple_block(const Layer &L, int il, Act h, int n, Exec &ex) const;
 
+  std::unique_ptr<Backend> backend_;
   ModelInfo info_;
   int64_t n_embd_ = 0, n_head_ = 0, n_head_kv_ = 0, hd_swa_ = 0, hd_full_ = 0, max_ff_ = 0;
   int64_t d_ple_ = 0;  // per-layer embedding width (0: no PLE)
@@ -65,10 +63,8 @@ class Gemma4 final : public ArchModel {
   cpu::RopeTable rope_full_, rope_swa_;
   double rope_base_full_ = 1e6;
   std::vector<float> rope_ff_;  // [hd_full / 2] frequency factors of the full layers
-  WeightView token_embd_, output_, ple_embd_, ple_model_proj_;
-  const float *output_norm_ = nullptr, *ple_proj_norm_ = nullptr;
+  WeightView token_embd_, output_, ple_embd_, ple_model_proj_, output_norm_, ple_proj_norm_;
   std::vector<Layer> layers_;
-  cpu::PackedStore packed_;
 };
 
 enum Slot { kH, kX, kQ, kK, kV, kAttn, kO, kGate, kUp, kRopeF, kRopeS, kPle, kPleTmp, kPleG };
@@ -180,7 +176,8 @@ Status Gemma4::load_hparams(const gguf::GgufFile &f, std::vector<bool> *sliding,
   return Status::ok();
 }
 
-Status Gemma4::load(const gguf::GgufFile &f) {
+Status Gemma4::load(const gguf::GgufFile &f, std::unique_ptr<Backend> backend) {
+  backend_ = std::move(backend);
   std::vector<bool> sliding;
   std::vector<int64_t> n_ff;
   int64_t n_shared = 0;
@@ -196,11 +193,11 @@ Status Gemma4::load(const gguf::GgufFile &f) {
   } else {
     output_ = token_embd_;
   }
-  GEIST_ASSIGN_OR_RETURN(output_norm_, tb.vector("output_norm.weight", d));
+  GEIST_ASSIGN_OR_RETURN(output_norm_, tb.norm("output_norm.weight", d));
   if (d_ple_ > 0) {
     GEIST_ASSIGN_OR_RETURN(ple_embd_, tb.matrix("per_layer_token_embd.weight", n_layer * d_ple_, -1));
     GEIST_ASSIGN_OR_RETURN(ple_model_proj_, tb.matrix("per_layer_model_proj.weight", d, n_layer * d_ple_));
-    GEIST_ASSIGN_OR_RETURN(ple_proj_norm_, tb.vector("per_layer_proj_norm.weight", d_ple_));
+    GEIST_ASSIGN_OR_RETURN(ple_proj_norm_, tb.norm("per_layer_proj_norm.weight", d_ple_));
   }
   // Proportional RoPE of the full layers: global rope_freqs.weight (or llama.cpp's
   // per-layer copy on the first full layer); absent means full rotation.
@@ -244,9 +241,9 @@ Status Gemma4::load(const gguf::GgufFile &f) {
     Layer &L = layers_[il];
     const std::string p = "blk." + std::to_string(il) + ".";
     const int64_t hd = L.head_dim, qd = n_head_ * hd, kvd = n_head_kv_ * hd;
-    GEIST_ASSIGN_OR_RETURN(L.attn_norm, tb.vector(p + "attn_norm.weight", d));
+    GEIST_ASSIGN_OR_RETURN(L.attn_norm, tb.norm(p + "attn_norm.weight", d));
     GEIST_ASSIGN_OR_RETURN(L.attn_q, tb.matrix(p + "attn_q.weight", d, qd));
-    GEIST_ASSIGN_OR_RETURN(L.attn_q_norm, tb.vector(p + "attn_q_norm.weight", hd));
+    GEIST_ASSIGN_OR_RETURN(L.attn_q_norm, tb.norm(p + "attn_q_norm.weight", hd));
     if (L.owns_kv) {
       GEIST_ASSIGN_OR_RETURN(L.attn_k, tb.matrix(p + "attn_k.weight", d, kvd));
       if (!f.tensor(p + "attn_v.weight")) {
@@ -254,19 +251,19 @@ Status Gemma4::load(const gguf::GgufFile &f) {
                            (long long)il);
       }
       GEIST_ASSIGN_OR_RETURN(L.attn_v, tb.matrix(p + "attn_v.weight", d, kvd));
-      GEIST_ASSIGN_OR_RETURN(L.attn_k_norm, tb.vector(p + "attn_k_norm.weight", hd));
+      GEIST_ASSIGN_OR_RETURN(L.attn_k_norm, tb.norm(p + "attn_k_norm.weight", hd));
     }
     GEIST_ASSIGN_OR_RETURN(L.attn_output, tb.matrix(p + "attn_output.weight", qd, d));
-    GEIST_ASSIGN_OR_RETURN(L.post_attention_norm, tb.vector(p + "post_attention_norm.weight", d));
-    GEIST_ASSIGN_OR_RETURN(L.ffn_norm, tb.vector(p + "ffn_norm.weight", d));
+    GEIST_ASSIGN_OR_RETURN(L.post_attention_norm, tb.norm(p + "post_attention_norm.weight", d));
+    GEIST_ASSIGN_OR_RETURN(L.ffn_norm, tb.norm(p + "ffn_norm.weight", d));
     GEIST_ASSIGN_OR_RETURN(L.ffn_gate, tb.matrix(p + "ffn_gate.weight", d, L.n_ff));
     GEIST_ASSIGN_OR_RETURN(L.ffn_up, tb.matrix(p + "ffn_up.weight", d, L.n_ff));
     GEIST_ASSIGN_OR_RETURN(L.ffn_down, tb.matrix(p + "ffn_down.weight", L.n_ff, d));
-    GEIST_ASSIGN_OR_RETURN(L.post_ffw_norm, tb.vector(p + "post_ffw_norm.weight", d));
+    GEIST_ASSIGN_OR_RETURN(L.post_ffw_norm, tb.norm(p + "post_ffw_norm.weight", d));
     if (d_ple_ > 0) {
       GEIST_ASSIGN_OR_RETURN(L.inp_gate, tb.matrix(p + "inp_gate.weight", d, d_ple_));
       GEIST_ASSIGN_OR_RETURN(L.proj, tb.matrix(p + "proj.weight", d_ple_, d));
-      GEIST_ASSIGN_OR_RETURN(L.post_norm, tb.vector(p + "post_norm.weight", d));
+      GEIST_ASSIGN_OR_RETURN(L.post_norm, tb.norm(p + "post_norm.weight", d));
     }
     if (f.tensor(p + "layer_output_scale.weight")) {
       const float *s = nullptr;
@@ -278,23 +275,28 @@ Status Gemma4::load(const gguf::GgufFile &f) {
     }
   }
 
-  // Repack the matrices for the tier in use and release their mapped pages (one copy of
-  // the weights). The token embedding and the PLE table stay mapped: a token reads one row.
-  const double t_pack = now_seconds();
-  ThreadPool pack_pool(ThreadPool::hardware_threads());
-  auto pack = [&](WeightView &w) {
-    if (w.data && cpu::pack_weight(&w, &packed_, &pack_pool)) f.release_pages(w.data, w.row_bytes * size_t(w.n_out));
-  };
-  pack(output_);
-  if (d_ple_ > 0) pack(ple_model_proj_);
+  ModelWeights mw;
+  mw.matrices.push_back(&output_);
+  mw.tables.push_back(&token_embd_);
+  mw.vectors.push_back(&output_norm_);
+  if (d_ple_ > 0) {
+    mw.matrices.push_back(&ple_model_proj_);
+    mw.tables.push_back(&ple_embd_);
+    mw.vectors.push_back(&ple_proj_norm_);
+  }
   for (Layer &L : layers_) {
     for (WeightView *w : {&L.attn_q, &L.attn_k, &L.attn_v, &L.attn_output, &L.ffn_gate, &L.ffn_up, &L.ffn_down,
                           &L.inp_gate, &L.proj}) {
-      pack(*w);
+      if (w->data) mw.matrices.push_back(w);
+    }
+    for (WeightView *w : {&L.attn_norm, &L.attn_q_norm, &L.attn_k_norm, &L.post_attention_norm, &L.ffn_norm,
+                          &L.post_ffw_norm, &L.post_norm}) {
+      if (w->data) mw.vectors.push_back(w);
     }
   }
-  info_.packed_bytes = packed_.bytes();
-  info_.repack_seconds = now_seconds() - t_pack;
+  GEIST_RETURN_IF_ERROR(backend_->prepare(mw, [&f](const void *p, size_t n) { f.release_pages(p, n); }));
+  info_.packed_bytes = backend_->weight_bytes();
+  info_.repack_seconds = backend_->prepare_seconds();
   info_.arch = "gemma4";
   info_.n_embd = d;
   info_.n_params = tb.total_elements();
@@ -312,153 +314,122 @@ std::vector<KvLayerSpec> Gemma4::kv_layout() const {
   return out;
 }
 
-void Gemma4::reserve(Workspace &ws, int max_chunk) const {
-  const size_t n = size_t(max_chunk), qd = size_t(n_head_ * hd_full_), kvd = size_t(n_head_kv_ * hd_full_);
-  const size_t L = layers_.size();
-  ws.get(kH, n * n_embd_);
-  ws.get(kX, n * n_embd_);
-  ws.get(kQ, n * qd);
-  ws.get(kK, n * kvd);
-  ws.get(kV, n * kvd);
-  ws.get(kAttn, n * qd);
-  ws.get(kO, n * n_embd_);
-  ws.get(kGate, n * max_ff_);
-  ws.get(kUp, n * max_ff_);
-  ws.get(kRopeF, n * hd_full_);
-  ws.get(kRopeS, n * hd_swa_);
+void Gemma4::reserve(Exec &ex) const {
+  const int64_t hd = std::max(hd_full_, hd_swa_), qd = n_head_ * hd, kvd = n_head_kv_ * hd;
+  for (auto [slot, width] : {std::pair{kH, n_embd_}, {kX, n_embd_}, {kQ, qd}, {kK, kvd}, {kV, kvd}, {kAttn, qd},
+                             {kO, n_embd_}, {kGate, max_ff_}, {kUp, max_ff_}, {kRopeF, hd_full_}, {kRopeS, hd_swa_}}) {
+    ex.buffer(slot, width);
+  }
   if (d_ple_ > 0) {
-    ws.get(kPle, n * L * d_ple_);
-    ws.get(kPleTmp, n * L * d_ple_);
-    ws.get(kPleG, n * d_ple_);
+    const int64_t width = int64_t(layers_.size()) * d_ple_;
+    ex.buffer(kPle, width);
+    ex.buffer(kPleTmp, width);
+    ex.buffer(kPleG, d_ple_);
   }
 }
 
 // z[r][l][:] = (rmsnorm(W_ple_proj e_r / sqrt(d))[l] + ple_embd[token_r][l] * sqrt(d_ple)) / sqrt(2)
-void Gemma4::per_layer_inputs(const int32_t *tokens, const float *e, int n, Workspace &ws, ThreadPool &pool) const {
+void Gemma4::per_layer_inputs(Act e, int n, Exec &ex) const {
   const int64_t width = int64_t(layers_.size()) * d_ple_;
-  float *z = ws.get(kPle, size_t(n) * width);
-  float *tok = ws.get(kPleTmp, size_t(n) * width);
-  cpu::matmul(ple_model_proj_, e, z, n, pool);
-  const float proj_scale = 1.0f / std::sqrt(float(n_embd_));
-  for (size_t i = 0; i < size_t(n) * width; ++i) z[i] *= proj_scale;
-  cpu::rmsnorm(z, ple_proj_norm_, int64_t(n) * int64_t(layers_.size()), d_ple_, eps_, pool);
-  const float tok_scale = std::sqrt(float(d_ple_));
-  for (int r = 0; r < n; ++r) {
-    float *t = tok + size_t(r) * width;
-    if (tokens[r] < ple_embd_.n_out) {
-      cpu::embedding_gather(ple_embd_, &tokens[r], 1, tok_scale, t);
-    } else {
-      std::fill(t, t + width, 0.0f);  // ids past the PLE vocabulary (soft tokens) have no row
-    }
-  }
-  const float mix = 0.70710678118654752f;  // 2^-1/2
-  for (size_t i = 0; i < size_t(n) * width; ++i) z[i] = (z[i] + tok[i]) * mix;
+  const Act z = ex.buffer(kPle, width);
+  const Act tok = ex.buffer(kPleTmp, width);
+  ex.matmul(ple_model_proj_, e, z, n);
+  ex.scale(z, 1.0f / std::sqrt(float(n_embd_)), int64_t(n) * width);
+  ex.rmsnorm(z, &ple_proj_norm_, int64_t(n) * int64_t(layers_.size()), d_ple_, eps_, z);
+  // Ids past the PLE vocabulary (soft tokens) have no row: zeros.
+  ex.embed(ple_embd_, std::sqrt(float(d_ple_)), tok);
+  ex.add_scale(z, tok, 0.70710678118654752f, int64_t(n) * width);  // (z + tok) * 2^-1/2
 }
 
 // h += post_norm(W_o attention(rope(norm(W_q x)), K, V)), x = norm(h); owners append
 // K = rope(norm(W_k x)), V = rmsnorm(W_v x) (no weight) to their cache first.
-void Gemma4::attention_block(const Layer &L, int il, float *h, int n, int64_t pos0, KvCache &cache, Workspace &ws,
-                             ThreadPool &pool) const {
-  (void)il;
+void Gemma4::attention_block(const Layer &L, Act h, int n, KvStore &kv, Exec &ex, Act cs) const {
   const int64_t d = n_embd_, hd = L.head_dim, qd = n_head_ * hd, kvd = n_head_kv_ * hd;
-  float *x = ws.get(kX, size_t(n) * d);
-  float *q = ws.get(kQ, size_t(n) * qd);
-  float *k = ws.get(kK, size_t(n) * kvd);
-  float *v = ws.get(kV, size_t(n) * kvd);
-  float *att = ws.get(kAttn, size_t(n) * qd);
-  float *o = ws.get(kO, size_t(n) * d);
-  const float *cs = ws.get(L.sliding ? kRopeS : kRopeF, 0);
+  const Act x = ex.buffer(kX, d), q = ex.buffer(kQ, qd), k = ex.buffer(kK, kvd), v = ex.buffer(kV, kvd);
+  const Act att = ex.buffer(kAttn, qd), o = ex.buffer(kO, d);
 
-  cpu::rmsnorm_to(h, L.attn_norm, x, n, d, eps_, pool);
+  ex.rmsnorm(h, &L.attn_norm, n, d, eps_, x);
   if (L.owns_kv) {
     const WeightView *wv[] = {&L.attn_q, &L.attn_k, &L.attn_v};
-    float *ys[] = {q, k, v};
-    cpu::matmul_shared_input(wv, 3, x, ys, n, pool);
+    const Act ys[] = {q, k, v};
+    ex.matmul(wv, 3, x, ys, n);
   } else {
-    cpu::matmul(L.attn_q, x, q, n, pool);
+    ex.matmul(L.attn_q, x, q, n);
   }
-  cpu::rmsnorm(q, L.attn_q_norm, int64_t(n) * n_head_, hd, eps_, pool);
-  cpu::rope_neox(q, n, int(n_head_), int(hd), int(hd), cs, pool);
+  ex.rmsnorm(q, &L.attn_q_norm, int64_t(n) * n_head_, hd, eps_, q);
+  ex.rope(q, n, int(n_head_), int(hd), int(hd), cs);
   const int slot = L.kv_src;
-  const int64_t cap = cache.capacity(slot);
   if (L.owns_kv) {
-    cpu::rmsnorm(k, L.attn_k_norm, int64_t(n) * n_head_kv_, hd, eps_, pool);
-    cpu::rope_neox(k, n, int(n_head_kv_), int(hd), int(hd), cs, pool);
-    cpu::rmsnorm(v, nullptr, int64_t(n) * n_head_kv_, hd, eps_, pool);
-    cache.append(slot, pos0, n, k, v);
+    ex.rmsnorm(k, &L.attn_k_norm, int64_t(n) * n_head_kv_, hd, eps_, k);
+    ex.rope(k, n, int(n_head_kv_), int(hd), int(hd), cs);
+    ex.rmsnorm(v, nullptr, int64_t(n) * n_head_kv_, hd, eps_, v);
+    ex.kv_append(kv, slot, k, v, n);
   }
-  cpu::AttentionArgs a{q,  cache.k(slot), cache.v(slot), att, n, pos0, cap, int(n_head_), int(n_head_kv_),
-                       int(hd), L.sliding ? window_ : 0, 1.0f};
-  cpu::attention(a, pool);
-  cpu::matmul(L.attn_output, att, o, n, pool);
-  cpu::rmsnorm(o, L.post_attention_norm, n, d, eps_, pool);
-  cpu::add_inplace(h, o, int64_t(n) * d);
+  ex.attention(kv, slot, q, att, n, int(n_head_), int(hd), L.sliding ? window_ : 0, 1.0f);
+  ex.matmul(L.attn_output, att, o, n);
+  ex.rmsnorm(o, &L.post_attention_norm, n, d, eps_, o);
+  ex.add(h, o, int64_t(n) * d);
 }
 
 // h += post_norm(W_down (gelu(W_gate x) * W_up x)), x = norm(h)
-void Gemma4::ffn_block(const Layer &L, float *h, int n, Workspace &ws, ThreadPool &pool) const {
+void Gemma4::ffn_block(const Layer &L, Act h, int n, Exec &ex) const {
   const int64_t d = n_embd_, F = L.n_ff;
-  gelu_ffn_residual(h, n, d, L.ffn_norm, L.ffn_gate, L.ffn_up, L.ffn_down, L.post_ffw_norm, eps_,
-                    ws.get(kX, size_t(n) * d), ws.get(kGate, size_t(n) * F), ws.get(kUp, size_t(n) * F),
-                    ws.get(kO, size_t(n) * d), pool);
+  gelu_ffn_residual(ex, h, n, L.ffn_norm, L.ffn_gate, L.ffn_up, L.ffn_down, L.post_ffw_norm, eps_, ex.buffer(kX, d),
+                    ex.buffer(kGate, F), ex.buffer(kUp, F), ex.buffer(kO, d));
 }
 
 // h += post_norm(W_proj (gelu(W_gate h) * z[l])), then h *= the layer's output scale.
-void Gemma4::ple_block(const Layer &L, int il, float *h, int n, Workspace &ws, ThreadPool &pool) const {
+void Gemma4::ple_block(const Layer &L, int il, Act h, int n, Exec &ex) const {
   const int64_t d = n_embd_;
   if (d_ple_ > 0) {
-    const int64_t width = int64_t(layers_.size()) * d_ple_;
-    const float *z = ws.get(kPle, 0);
-    float *g = ws.get(kPleG, size_t(n) * d_ple_);
-    float *zl = ws.get(kPleTmp, size_t(n) * d_ple_);  // z[:, l] made contiguous
-    float *o = ws.get(kO, size_t(n) * d);
-    cpu::matmul(L.inp_gate, h, g, n, pool);
-    for (int r = 0; r < n; ++r) {
-      std::memcpy(zl + size_t(r) * d_ple_, z + size_t(r) * width + size_t(il) * d_ple_, sizeof(float) * d_ple_);
-    }
-    cpu::gelu_mul(g, zl, g, int64_t(n) * d_ple_, pool);
-    cpu::matmul(L.proj, g, o, n, pool);
-    cpu::rmsnorm(o, L.post_norm, n, d, eps_, pool);
-    cpu::add_inplace(h, o, int64_t(n) * d);
+    const Act z = ex.buffer(kPle, int64_t(layers_.size()) * d_ple_);
+    const Act g = ex.buffer(kPleG, d_ple_);
+    const Act zl = ex.buffer(kPleTmp, d_ple_);  // z[:, l] made contiguous
+    const Act o = ex.buffer(kO, d);
+    ex.matmul(L.inp_gate, h, g, n);
+    ex.copy_cols(z, int64_t(il) * d_ple_, zl, n);
+    ex.gelu_mul(g, zl, g, int64_t(n) * d_ple_);
+    ex.matmul(L.proj, g, o, n);
+    ex.rmsnorm(o, &L.post_norm, n, d, eps_, o);
+    ex.add(h, o, int64_t(n) * d);
   }
-  if (L.out_scale != 1.0f) {
-    for (size_t i = 0; i < size_t(n) * d; ++i) h[i] *= L.out_scale;
-  }
+  if (L.out_scale != 1.0f) ex.scale(h, L.out_scale, int64_t(n) * d);
 }
 
-Status Gemma4::forward(const int32_t *tokens, int n, KvCache &cache, Workspace &ws, ThreadPool &pool,
-                       int first_logit_row, float *logits) const {
-  GEIST_RETURN_IF_ERROR(check_forward_args(tokens, n, cache, n_owners_, info_.n_vocab));
+Status Gemma4::forward(const int32_t *tokens, int n, KvStore &kv, Exec &ex, int first_logit_row,
+                       float *logits) const {
+  GEIST_RETURN_IF_ERROR(check_forward_args(tokens, n, kv, n_owners_, info_.n_vocab));
   if (first_logit_row < 0 || first_logit_row > n) first_logit_row = n;
   const int64_t d = n_embd_;
-  const int64_t pos0 = cache.n_past;
 
-  float *h = ws.get(kH, size_t(n) * d);
-  rope_full_.fill(pos0, n, ws.get(kRopeF, size_t(n) * hd_full_));
-  rope_swa_.fill(pos0, n, ws.get(kRopeS, size_t(n) * hd_swa_));
-  cpu::embedding_gather(token_embd_, tokens, n, std::sqrt(float(d)), h);
-  if (d_ple_ > 0) per_layer_inputs(tokens, h, n, ws, pool);
+  ex.begin_step(tokens, n, kv.n_past);
+  const Act cs_full = ex.rope_rows(kRopeF, rope_full_), cs_swa = ex.rope_rows(kRopeS, rope_swa_);
+  const Act h = ex.buffer(kH, d);
+  ex.embed(token_embd_, std::sqrt(float(d)), h);
+  if (d_ple_ > 0) per_layer_inputs(h, n, ex);
 
   for (size_t il = 0; il < layers_.size(); ++il) {
-    attention_block(layers_[il], int(il), h, n, pos0, cache, ws, pool);
-    ffn_block(layers_[il], h, n, ws, pool);
-    ple_block(layers_[il], int(il), h, n, ws, pool);
+    const Layer &L = layers_[il];
+    attention_block(L, h, n, kv, ex, L.sliding ? cs_swa : cs_full);
+    ffn_block(L, h, n, ex);
+    ple_block(L, int(il), h, n, ex);
   }
-  cache.n_past += n;
 
   const int n_out = n - first_logit_row;
   if (logits && n_out > 0) {
-    output_logits(output_, output_norm_, h + size_t(first_logit_row) * d, n_out, d, eps_, softcap_,
-                  ws.get(kX, size_t(n_out) * d), logits, pool);
+    output_logits(ex, output_, output_norm_, h.rows_from(first_logit_row), n_out, eps_, softcap_, ex.buffer(kX, d),
+                  logits);
   }
+  GEIST_RETURN_IF_ERROR(ex.end_step());
+  kv.n_past += n;
   return Status::ok();
 }
 
 }  // namespace
 
-Result<std::unique_ptr<ArchModel>> load_gemma4(const gguf::GgufFile &file) {
+Result<std::unique_ptr<ArchModel>> load_gemma4(const gguf::GgufFile &file, std::unique_ptr<Backend> backend) {
   auto m = std::make_unique<Gemma4>();
-  GEIST_RETURN_IF_ERROR(m->load(file));
+  GEIST_RETURN_IF_ERROR(m->load(file, std::move(backend)));
   return std::unique_ptr<ArchModel>(std::move(m));
 }
 

@@ -120,6 +120,18 @@ Result<WeightView> TensorBinder::matrix(const std::string &name, int64_t n_in, i
   return w;
 }
 
+Result<WeightView> TensorBinder::norm(const std::string &name, int64_t n) {
+  const float *p = nullptr;
+  GEIST_ASSIGN_OR_RETURN(p, vector(name, n));
+  WeightView w;
+  w.data = reinterpret_cast<const uint8_t *>(p);
+  w.type = quant::GgmlType::F32;
+  w.n_in = n;
+  w.n_out = 1;
+  w.row_bytes = size_t(n) * sizeof(float);
+  return w;
+}
+
 Result<const float *> TensorBinder::vector(const std::string &name, int64_t n) {
   const gguf::TensorInfo *t = nullptr;
   GEIST_ASSIGN_OR_RETURN(t, find(name));
@@ -137,16 +149,16 @@ Result<const float *> TensorBinder::vector(const std::string &name, int64_t n) {
   return reinterpret_cast<const float *>(t->data);
 }
 
-Status check_forward_args(const int32_t *tokens, int n, const KvCache &cache, int n_cache_layers, int64_t n_vocab) {
-  if (n < 1 || n > cache.max_chunk()) {
-    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "chunk of %d rows (must be 1..%d)", n, cache.max_chunk());
+Status check_forward_args(const int32_t *tokens, int n, const KvStore &kv, int n_cache_layers, int64_t n_vocab) {
+  if (n < 1 || n > kv.max_chunk()) {
+    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "chunk of %d rows (must be 1..%d)", n, kv.max_chunk());
   }
-  if (cache.n_layers() != n_cache_layers) {
+  if (kv.n_layers() != n_cache_layers) {
     return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "KV cache was made for another model");
   }
-  if (cache.n_past + n > cache.n_ctx()) {
+  if (kv.n_past + n > kv.n_ctx()) {
     return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "%lld tokens in the cache + %d new exceed the context of %lld",
-                       (long long)cache.n_past, n, (long long)cache.n_ctx());
+                       (long long)kv.n_past, n, (long long)kv.n_ctx());
   }
   for (int r = 0; r < n; ++r) {
     if (tokens[r] < 0 || tokens[r] >= n_vocab) {
@@ -157,27 +169,26 @@ Status check_forward_args(const int32_t *tokens, int n, const KvCache &cache, in
   return Status::ok();
 }
 
-void gelu_ffn_residual(float *h, int n, int64_t d, const float *norm, const WeightView &w_gate,
-                       const WeightView &w_up, const WeightView &w_down, const float *post_norm, float eps, float *x,
-                       float *gate, float *up, float *o, ThreadPool &pool) {
-  cpu::rmsnorm_to(h, norm, x, n, d, eps, pool);
+void gelu_ffn_residual(Exec &ex, Act h, int n, const WeightView &norm, const WeightView &w_gate,
+                       const WeightView &w_up, const WeightView &w_down, const WeightView &post_norm, float eps, Act x,
+                       Act gate, Act up, Act o) {
+  const int64_t d = h.width;
+  ex.rmsnorm(h, &norm, n, d, eps, x);
   const WeightView *ws[] = {&w_gate, &w_up};
-  float *ys[] = {gate, up};
-  cpu::matmul_shared_input(ws, 2, x, ys, n, pool);
-  cpu::gelu_mul(gate, up, gate, int64_t(n) * w_gate.n_out, pool);
-  cpu::matmul(w_down, gate, o, n, pool);
-  cpu::rmsnorm(o, post_norm, n, d, eps, pool);
-  cpu::add_inplace(h, o, int64_t(n) * d);
+  const Act ys[] = {gate, up};
+  ex.matmul(ws, 2, x, ys, n);
+  ex.gelu_mul(gate, up, gate, int64_t(n) * w_gate.n_out);
+  ex.matmul(w_down, gate, o, n);
+  ex.rmsnorm(o, &post_norm, n, d, eps, o);
+  ex.add(h, o, int64_t(n) * d);
 }
 
-void output_logits(const WeightView &w_out, const float *norm, const float *h, int n, int64_t d, float eps,
-                   float softcap, float *x, float *logits, ThreadPool &pool) {
-  cpu::rmsnorm_to(h, norm, x, n, d, eps);
-  cpu::matmul(w_out, x, logits, n, pool);
-  if (softcap > 0) {
-    const size_t total = size_t(n) * size_t(w_out.n_out);
-    for (size_t i = 0; i < total; ++i) logits[i] = softcap * std::tanh(logits[i] / softcap);
-  }
+void output_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act h, int n, float eps, float softcap,
+                   Act x, float *logits) {
+  ex.rmsnorm(h, &norm, n, h.width, eps, x);
+  const Act y = ex.output(logits, w_out.n_out, n);
+  ex.matmul(w_out, x, y, n);
+  if (softcap > 0) ex.softcap(y, softcap, int64_t(n) * w_out.n_out);
 }
 
 }  // namespace geist::models

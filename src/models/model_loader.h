@@ -9,7 +9,6 @@
 
 #include "backends/weight.h"
 #include "base/status.h"
-#include "base/thread_pool.h"
 #include "gguf/gguf_reader.h"
 #include "models/arch.h"
 
@@ -44,8 +43,10 @@ class TensorBinder {
   explicit TensorBinder(const gguf::GgufFile &f) : f_(f) {}
   // A 2-D weight with ne = [n_in, n_out] (n_out < 0: any) of a type geist computes with.
   Result<WeightView> matrix(const std::string &name, int64_t n_in, int64_t n_out);
-  // A 1-D F32 tensor of n elements.
+  // A 1-D F32 tensor of n elements, read on the host (RoPE factors, scalars).
   Result<const float *> vector(const std::string &name, int64_t n);
+  // The same as a view the backend prepares (norm weights: Exec::rmsnorm's g).
+  Result<WeightView> norm(const std::string &name, int64_t n);
   int64_t total_elements() const { return total_; }
 
  private:
@@ -56,17 +57,17 @@ class TensorBinder {
 
 // The argument checks of ArchModel::forward (arch.h) every architecture makes: chunk size,
 // a cache of n_cache_layers layers, room in the context, token ids < n_vocab.
-Status check_forward_args(const int32_t *tokens, int n, const KvCache &cache, int n_cache_layers, int64_t n_vocab);
+Status check_forward_args(const int32_t *tokens, int n, const KvStore &kv, int n_cache_layers, int64_t n_vocab);
 
 // The Gemma FFN with its residual: h += post_norm(W_down (gelu(W_gate x) * W_up x)),
 // x = norm(h), for n rows of width d. Scratch: x, o [n][d]; gate, up [n][n_ff].
-void gelu_ffn_residual(float *h, int n, int64_t d, const float *norm, const WeightView &w_gate,
-                       const WeightView &w_up, const WeightView &w_down, const float *post_norm, float eps, float *x,
-                       float *gate, float *up, float *o, ThreadPool &pool);
+void gelu_ffn_residual(Exec &ex, Act h, int n, const WeightView &norm, const WeightView &w_gate,
+                       const WeightView &w_up, const WeightView &w_down, const WeightView &post_norm, float eps, Act x,
+                       Act gate, Act up, Act o);
 
-// logits [n][n_vocab] = softcap(W_out rmsnorm(h, norm)) for n rows h [n][d]; x: scratch of
-// n * d floats; softcap 0 = none.
-void output_logits(const WeightView &w_out, const float *norm, const float *h, int n, int64_t d, float eps,
-                   float softcap, float *x, float *logits, ThreadPool &pool);
+// logits [n][n_vocab] = softcap(W_out rmsnorm(h, norm)) for n rows h [n][d], to the host;
+// x: scratch of n rows of d; softcap 0 = none.
+void output_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act h, int n, float eps, float softcap,
+                   Act x, float *logits);
 
 }  // namespace geist::models

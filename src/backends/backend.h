@@ -1,0 +1,132 @@
+// The backend seam: one forward pass per architecture, any number of devices.
+//
+//   Backend  one per device and model (owned by the Model, shared by its sessions):
+//            prepares each weight once (repacked on the CPU, uploaded as stored on a GPU)
+//            and makes the per-session objects.
+//   Exec     one per session: the ops a forward pass calls, on activation handles (Act)
+//            that live on the backend's device, plus the step that frames one call.
+//   KvStore  one per session (kv_store.h): typed KV rows, addressed by position.
+//
+// Forward only enqueues. Between begin_step and end_step a model reads no activation on
+// the host and branches on nothing but its own constants and the row counts it was given;
+// per-call values (tokens, the first position, RoPE rows) enter through the step. A GPU
+// backend can therefore run the ops asynchronously and replay a captured sequence, and
+// end_step is where a device error surfaces. Every op is row-independent: a row's result
+// depends on that row's inputs (and the KV rows it attends to) only, never on how many
+// rows the call has, which is what keeps logits bit-identical for any chunking.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backends/kv_store.h"
+#include "backends/weight.h"
+#include "base/status.h"
+
+namespace geist {
+
+namespace cpu {
+class RopeTable;
+}
+
+// [rows][width] f32 activations on the exec's device. Models pass these around and take
+// row offsets; they never dereference p.
+struct Act {
+  float *p = nullptr;
+  int64_t width = 0;
+  Act rows_from(int64_t r) const { return {p + r * width, width}; }
+};
+
+class Exec {
+ public:
+  virtual ~Exec() = default;
+  // Host threads this exec computes with (1 for a device backend).
+  virtual int n_threads() const = 0;
+
+  // Scratch buffer `slot` of max_rows x width floats (max_rows: the session's chunk). A
+  // model calls buffer() for every slot with its widest use in reserve(); later calls with
+  // a width no larger return the same memory without allocating.
+  virtual Act buffer(int slot, int64_t width) = 0;
+
+  // One forward call: n_rows tokens (ids checked by the caller) at positions
+  // pos0 .. pos0 + n_rows - 1. The pointer must stay valid until end_step.
+  virtual void begin_step(const int32_t *tokens, int n_rows, int64_t pos0) = 0;
+  // The RoPE rows (cos, sin) of the step's positions from a table: [n_rows][rot_dim], in
+  // scratch slot `slot`. Computed on the host (double angles, the same bits everywhere).
+  virtual Act rope_rows(int slot, const cpu::RopeTable &t) = 0;
+  // An output of the step: [n_rows][width] written by ops, on the host at `host` after
+  // end_step.
+  virtual Act output(float *host, int64_t width, int n_rows) = 0;
+  // Wait for the step's ops; outputs are on the host after it. A device error is reported
+  // here (naming the device and the error); the session is then left as before the call.
+  virtual Status end_step() = 0;
+
+  // out[r] = table[id_r] * scale for the step's tokens; an id >= table.n_out gives a zero
+  // row (Gemma 4's per-layer embeddings have no row for some ids). out width = table.n_in.
+  virtual void embed(const WeightView &table, float scale, Act out) = 0;
+  // ys[m] = W_m x (rows [0, n_rows)), for up to 4 matrices reading the same x.
+  virtual void matmul(const WeightView *const *ws, int n_mat, Act x, const Act *ys, int n_rows) = 0;
+  void matmul(const WeightView &w, Act x, Act y, int n_rows) {
+    const WeightView *p = &w;
+    matmul(&p, 1, x, &y, n_rows);
+  }
+  // out = x / rms(x) * g over n_vec contiguous vectors of dim (g: an F32 vector of dim, or
+  // nullptr for none). out may be x.
+  virtual void rmsnorm(Act x, const WeightView *g, int64_t n_vec, int64_t dim, float eps, Act out) = 0;
+  // NEOX rotary embedding in place on x [n_rows][n_heads][head_dim] with rows cs (rope_rows).
+  virtual void rope(Act x, int n_rows, int n_heads, int head_dim, int rot_dim, Act cs) = 0;
+  // Store K and V rows [n_rows][row_floats] of layer l at the step's positions.
+  virtual void kv_append(KvStore &kv, int l, Act k, Act v, int n_rows) = 0;
+  // Causal attention of q [n_rows][n_head][head_dim] at the step's positions over layer l
+  // of kv (window W > 0: the last W positions), GQA by kv's row width.
+  virtual void attention(const KvStore &kv, int l, Act q, Act out, int n_rows, int n_head, int head_dim,
+                         int window, float scale) = 0;
+  // Elementwise over n floats: out = gelu_tanh(gate) * up; x += y; x *= s;
+  // x = (x + y) * s; x = cap * tanh(x / cap).
+  virtual void gelu_mul(Act gate, Act up, Act out, int64_t n) = 0;
+  virtual void add(Act x, Act y, int64_t n) = 0;
+  virtual void scale(Act x, float s, int64_t n) = 0;
+  virtual void add_scale(Act x, Act y, float s, int64_t n) = 0;
+  virtual void softcap(Act x, float cap, int64_t n) = 0;
+  // dst[r][0, dst.width) = src[r][col0, col0 + dst.width) for n_rows rows.
+  virtual void copy_cols(Act src, int64_t col0, Act dst, int n_rows) = 0;
+};
+
+// The weights a model hands its backend, by role. Null views (absent optional tensors)
+// are skipped.
+struct ModelWeights {
+  std::vector<WeightView *> matrices;  // multiplied (Exec::matmul)
+  std::vector<WeightView *> tables;    // looked up by row (Exec::embed)
+  std::vector<WeightView *> vectors;   // F32 vectors (norm weights)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char *name() const = 0;  // "cpu", "cuda"
+  // The device in words, for `geist run` ("CPU: AVX-512 VNNI tier", "NVIDIA H200 ...").
+  virtual std::string device() const = 0;
+
+  // Prepare every weight once, in place (a backend may set fields of the views that only
+  // it reads). release(p, n) tells the model's mapping that the host bytes [p, p + n) of
+  // a weight are no longer read (the backend made its own copy).
+  virtual Status prepare(const ModelWeights &w, const std::function<void(const void *, size_t)> &release) = 0;
+  // Bytes the backend holds for the weights (repacked copies, device memory) and the
+  // seconds prepare took.
+  virtual uint64_t weight_bytes() const = 0;
+  virtual double prepare_seconds() const = 0;
+
+  virtual Result<std::unique_ptr<KvStore>> create_kv(const std::vector<KvLayerSpec> &layers, int64_t n_ctx,
+                                                     int max_chunk) = 0;
+  // n_threads: host threads (0: all); ignored by device backends.
+  virtual Result<std::unique_ptr<Exec>> create_exec(int n_threads, int max_chunk) = 0;
+};
+
+// The CPU backend (backends/cpu/cpu_backend.cpp).
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace geist

@@ -1,0 +1,246 @@
+// The CPU backend: today's kernels (ops.h) behind the seam of backend.h. Weights are
+// repacked once for the SIMD tier in use; each session gets a thread pool, scratch and a
+// KV store of f32 rings in an anonymous mapping (pages committed as positions are written).
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backends/backend.h"
+#include "backends/cpu/isa.h"
+#include "backends/cpu/ops.h"
+#include "backends/cpu/packed.h"
+#include "base/thread_pool.h"
+#include "base/timer.h"
+
+namespace geist {
+namespace {
+
+class CpuKvStore final : public KvStore {
+ public:
+  static Result<std::unique_ptr<CpuKvStore>> create(const std::vector<KvLayerSpec> &layers, int64_t n_ctx,
+                                                    int max_chunk) {
+    std::unique_ptr<CpuKvStore> c(new CpuKvStore(layers, n_ctx, max_chunk));
+    size_t total = 0;
+    for (int l = 0; l < c->n_layers(); ++l) {
+      total += 2 * size_t(c->capacity(l)) * size_t(c->spec(l).row_floats) * sizeof(float);
+    }
+    if (total > 0) {
+      void *m = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (m == MAP_FAILED) {
+        return GEIST_ERROR(GEIST_E_OUT_OF_MEMORY, "cannot reserve %zu bytes for the KV cache (n_ctx %lld)", total,
+                           (long long)n_ctx);
+      }
+      c->mapping_ = m;
+    }
+    c->bytes_ = total;
+    float *p = static_cast<float *>(c->mapping_);
+    for (int l = 0; l < c->n_layers(); ++l) {
+      const size_t n = size_t(c->capacity(l)) * size_t(c->spec(l).row_floats);
+      c->k_.push_back(p);
+      c->v_.push_back(p + n);
+      p += 2 * n;
+    }
+    return c;
+  }
+  ~CpuKvStore() override {
+    if (mapping_) munmap(mapping_, bytes_);
+  }
+
+  size_t bytes_reserved() const override { return bytes_; }
+  float *k(int l) const { return k_[l]; }
+  float *v(int l) const { return v_[l]; }
+
+  void read_rows(int l, int64_t from, int64_t to, float *dst) const override {
+    const size_t rf = size_t(spec(l).row_floats), n = size_t(to - from);
+    for (int64_t p = from; p < to; ++p) {
+      const size_t s = slot(l, p), i = size_t(p - from);
+      std::memcpy(dst + i * rf, k_[l] + s * rf, rf * sizeof(float));
+      std::memcpy(dst + (n + i) * rf, v_[l] + s * rf, rf * sizeof(float));
+    }
+  }
+
+  void write_rows(int l, int64_t from, int64_t to, const float *src) override {
+    const size_t rf = size_t(spec(l).row_floats), n = size_t(to - from);
+    for (int64_t p = from; p < to; ++p) {
+      const size_t s = slot(l, p), i = size_t(p - from);
+      std::memcpy(k_[l] + s * rf, src + i * rf, rf * sizeof(float));
+      std::memcpy(v_[l] + s * rf, src + (n + i) * rf, rf * sizeof(float));
+    }
+  }
+
+  void append(int l, int64_t pos0, int n_rows, const float *k, const float *v) {
+    const size_t rf = size_t(spec(l).row_floats);
+    for (int r = 0; r < n_rows; ++r) {
+      const size_t s = slot(l, pos0 + r);
+      std::memcpy(k_[l] + s * rf, k + size_t(r) * rf, rf * sizeof(float));
+      std::memcpy(v_[l] + s * rf, v + size_t(r) * rf, rf * sizeof(float));
+    }
+  }
+
+  int64_t rewind_rows(int l, int64_t n_pin, int64_t n_past, const float *saved) override {
+    if (spec(l).window == 0 || n_past <= n_pin) return 0;
+    const int64_t from = first_live(l, n_pin);
+    // Position q's slot was overwritten iff some position in [n_pin, n_past) maps to it,
+    // i.e. q + capacity < n_past (q + capacity >= n_pin holds since capacity >= W - 1 >=
+    // n_pin - q).
+    const int64_t to = std::min(n_pin, n_past - capacity(l));
+    if (to <= from) return 0;
+    const size_t rf = size_t(spec(l).row_floats), rows = size_t(n_pin - from);
+    for (int64_t q = from; q < to; ++q) {
+      const size_t s = slot(l, q), i = size_t(q - from);
+      std::memcpy(k_[l] + s * rf, saved + i * rf, rf * sizeof(float));
+      std::memcpy(v_[l] + s * rf, saved + (rows + i) * rf, rf * sizeof(float));
+    }
+    return to - from;
+  }
+
+ private:
+  CpuKvStore(const std::vector<KvLayerSpec> &layers, int64_t n_ctx, int max_chunk)
+      : KvStore(layers, n_ctx, max_chunk) {}
+  size_t slot(int l, int64_t p) const { return size_t(p % capacity(l)); }
+
+  std::vector<float *> k_, v_;
+  void *mapping_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class CpuExec final : public Exec {
+ public:
+  CpuExec(int n_threads, int max_chunk) : pool_(n_threads), max_rows_(max_chunk) {}
+
+  int n_threads() const override { return pool_.n_threads(); }
+
+  Act buffer(int slot, int64_t width) override {
+    if (slot >= int(bufs_.size())) bufs_.resize(size_t(slot) + 1);
+    std::vector<float> &b = bufs_[size_t(slot)];
+    const size_t n = size_t(max_rows_) * size_t(width);
+    if (b.size() < n) b.resize(n);
+    return {b.data(), width};
+  }
+
+  void begin_step(const int32_t *tokens, int n_rows, int64_t pos0) override {
+    tokens_ = tokens;
+    n_rows_ = n_rows;
+    pos0_ = pos0;
+  }
+  Act rope_rows(int slot, const cpu::RopeTable &t) override {
+    Act cs = buffer(slot, t.rot_dim());
+    t.fill(pos0_, n_rows_, cs.p);
+    return cs;
+  }
+  Act output(float *host, int64_t width, int) override { return {host, width}; }
+  Status end_step() override { return Status::ok(); }
+
+  void embed(const WeightView &table, float scale, Act out) override {
+    int r = 0;
+    while (r < n_rows_) {  // runs of ids the table has, gathered together
+      int e = r;
+      while (e < n_rows_ && tokens_[e] < table.n_out) ++e;
+      if (e > r) cpu::embedding_gather(table, tokens_ + r, e - r, scale, out.rows_from(r).p);
+      if (e < n_rows_) std::fill_n(out.rows_from(e).p, out.width, 0.0f);
+      r = e + 1;
+    }
+  }
+  void matmul(const WeightView *const *ws, int n_mat, Act x, const Act *ys, int n_rows) override {
+    if (n_mat == 1) {
+      cpu::matmul(*ws[0], x.p, ys[0].p, n_rows, pool_);
+      return;
+    }
+    float *y[4];
+    for (int m = 0; m < n_mat; ++m) y[m] = ys[m].p;
+    cpu::matmul_shared_input(ws, n_mat, x.p, y, n_rows, pool_);
+  }
+  void rmsnorm(Act x, const WeightView *g, int64_t n_vec, int64_t dim, float eps, Act out) override {
+    const float *gp = g ? reinterpret_cast<const float *>(g->data) : nullptr;
+    if (out.p == x.p) {
+      cpu::rmsnorm(x.p, gp, n_vec, dim, eps, pool_);
+    } else {
+      cpu::rmsnorm_to(x.p, gp, out.p, n_vec, dim, eps, pool_);
+    }
+  }
+  void rope(Act x, int n_rows, int n_heads, int head_dim, int rot_dim, Act cs) override {
+    cpu::rope_neox(x.p, n_rows, n_heads, head_dim, rot_dim, cs.p, pool_);
+  }
+  void kv_append(KvStore &kv, int l, Act k, Act v, int n_rows) override {
+    static_cast<CpuKvStore &>(kv).append(l, pos0_, n_rows, k.p, v.p);
+  }
+  void attention(const KvStore &kv, int l, Act q, Act out, int n_rows, int n_head, int head_dim, int window,
+                 float scale) override {
+    const auto &c = static_cast<const CpuKvStore &>(kv);
+    cpu::AttentionArgs a{q.p,    c.k(l),   c.v(l), out.p, n_rows, pos0_, c.capacity(l), n_head,
+                         int(c.spec(l).row_floats / head_dim), head_dim, window, scale};
+    cpu::attention(a, pool_);
+  }
+  void gelu_mul(Act gate, Act up, Act out, int64_t n) override { cpu::gelu_mul(gate.p, up.p, out.p, n, pool_); }
+  void add(Act x, Act y, int64_t n) override { cpu::add_inplace(x.p, y.p, n); }
+  void scale(Act x, float s, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) x.p[i] *= s;
+  }
+  void add_scale(Act x, Act y, float s, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) x.p[i] = (x.p[i] + y.p[i]) * s;
+  }
+  void softcap(Act x, float cap, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) x.p[i] = cap * std::tanh(x.p[i] / cap);
+  }
+  void copy_cols(Act src, int64_t col0, Act dst, int n_rows) override {
+    for (int r = 0; r < n_rows; ++r) {
+      std::memcpy(dst.rows_from(r).p, src.rows_from(r).p + col0, sizeof(float) * size_t(dst.width));
+    }
+  }
+
+ private:
+  ThreadPool pool_;
+  int max_rows_;
+  std::vector<std::vector<float>> bufs_;
+  const int32_t *tokens_ = nullptr;
+  int n_rows_ = 0;
+  int64_t pos0_ = 0;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  const char *name() const override { return "cpu"; }
+  std::string device() const override { return "CPU, " + cpu::isa_description() + " tier"; }
+
+  // Repack the matrices for the tier in use, one at a time, releasing each one's mapped
+  // pages after it is packed: the process then holds one copy of the weights. Tables
+  // stay in the mapping (a lookup touches one row); when the output head is the token
+  // embedding (tied), the head's packed copy is separate and the embedding rows fault
+  // back in as tokens are seen.
+  Status prepare(const ModelWeights &w, const std::function<void(const void *, size_t)> &release) override {
+    const double t0 = now_seconds();
+    ThreadPool pack_pool(ThreadPool::hardware_threads());
+    for (WeightView *m : w.matrices) {
+      if (m->data && cpu::pack_weight(m, &packed_, &pack_pool)) release(m->data, m->row_bytes * size_t(m->n_out));
+    }
+    seconds_ = now_seconds() - t0;
+    return Status::ok();
+  }
+  uint64_t weight_bytes() const override { return packed_.bytes(); }
+  double prepare_seconds() const override { return seconds_; }
+
+  Result<std::unique_ptr<KvStore>> create_kv(const std::vector<KvLayerSpec> &layers, int64_t n_ctx,
+                                             int max_chunk) override {
+    if (n_ctx < 1) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "n_ctx must be >= 1 (got %lld)", (long long)n_ctx);
+    if (max_chunk < 1) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "chunk size must be >= 1 (got %d)", max_chunk);
+    std::unique_ptr<CpuKvStore> c;
+    GEIST_ASSIGN_OR_RETURN(c, CpuKvStore::create(layers, n_ctx, max_chunk));
+    return std::unique_ptr<KvStore>(std::move(c));
+  }
+  Result<std::unique_ptr<Exec>> create_exec(int n_threads, int max_chunk) override {
+    const int t = n_threads > 0 ? n_threads : ThreadPool::hardware_threads();
+    return std::unique_ptr<Exec>(new CpuExec(t, max_chunk));
+  }
+
+ private:
+  cpu::PackedStore packed_;
+  double seconds_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace geist

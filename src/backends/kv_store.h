@@ -1,0 +1,74 @@
+// KV storage of one session, the third interface of the backend seam (backend.h).
+//
+// Positions, not ring slots, cross this line. Global layers hold n_ctx positions; sliding
+// layers a ring of min(n_ctx, W + max_chunk - 1) positions (what a chunk of up to
+// max_chunk queries needs), and where a position lives in it is the store's business.
+// Callers copy rows by position: pin/reset save and rewind the rows a later prefill can
+// overwrite, snapshots read and write rows of positions, so an image moves between
+// backends and chunk sizes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "backends/kv_type.h"
+
+namespace geist {
+
+// KV storage wanted for one layer.
+struct KvLayerSpec {
+  int64_t row_floats = 0;  // n_head_kv * head_dim: elements of one position's K (and of V)
+  int window = 0;          // sliding window W, 0 for global layers
+};
+
+class KvStore {
+ public:
+  virtual ~KvStore() = default;
+  KvStore(const KvStore &) = delete;
+  KvStore &operator=(const KvStore &) = delete;
+
+  int64_t n_ctx() const { return n_ctx_; }
+  int max_chunk() const { return max_chunk_; }
+  int n_layers() const { return static_cast<int>(specs_.size()); }
+  const KvLayerSpec &spec(int l) const { return specs_[l]; }
+  // Positions layer l can hold at once (n_ctx for global layers).
+  int64_t capacity(int l) const { return capacity_[l]; }
+  virtual size_t bytes_reserved() const = 0;
+
+  // First position a continuation from n_past = n still reads in layer l: 0 for global
+  // layers, max(0, n - (W - 1)) for sliding ones.
+  int64_t first_live(int l, int64_t n) const {
+    const int w = specs_[l].window;
+    return w > 0 && n > w - 1 ? n - (w - 1) : 0;
+  }
+
+  // A "rows block" of positions [from, to) of layer l: the K rows then the V rows,
+  // [2][to - from][row_floats] f32, row-major, on the host. The positions must be ones the
+  // store holds (to - from <= capacity(l)). Pointers need no alignment.
+  virtual void read_rows(int l, int64_t from, int64_t to, float *dst) const = 0;
+  virtual void write_rows(int l, int64_t from, int64_t to, const float *src) = 0;
+  // Back to a state at n_pin positions, from a rows block of positions
+  // [first_live(l, n_pin), n_pin) saved then: writes back only the rows a later position
+  // in [n_pin, n_past) overwrote (none for global layers). Returns how many.
+  virtual int64_t rewind_rows(int l, int64_t n_pin, int64_t n_past, const float *saved) = 0;
+
+  int64_t n_past = 0;  // positions [0, n_past) are in the store
+
+ protected:
+  KvStore(const std::vector<KvLayerSpec> &specs, int64_t n_ctx, int max_chunk) : specs_(specs), n_ctx_(n_ctx),
+                                                                                 max_chunk_(max_chunk) {
+    for (const KvLayerSpec &s : specs_) {
+      const int64_t ring = int64_t(s.window) + max_chunk - 1;
+      capacity_.push_back(s.window > 0 && ring < n_ctx ? ring : n_ctx);
+    }
+  }
+
+ private:
+  std::vector<KvLayerSpec> specs_;
+  std::vector<int64_t> capacity_;
+  int64_t n_ctx_ = 0;
+  int max_chunk_ = 0;
+};
+
+}  // namespace geist
