@@ -1,0 +1,329 @@
+// Typed KV rings (append, copy and host transfer by position) and attention.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <cmath>
+
+#include "backends/cuda/common.cuh"
+
+namespace geist::cuda {
+namespace {
+
+constexpr unsigned kFull = 0xFFFFFFFFu;
+
+// Element e of a KV row of type T (kv_type.h).
+template <KvType T>
+__device__ __forceinline__ float kv_elem(const uint8_t *row, int64_t e) {
+  if constexpr (T == KvType::F32) {
+    return reinterpret_cast<const float *>(row)[e];
+  } else if constexpr (T == KvType::F16) {
+    return dev::fp16_to_fp32(reinterpret_cast<const uint16_t *>(row)[e]);
+  } else if constexpr (T == KvType::BF16) {
+    return dev::bf16_to_fp32(reinterpret_cast<const uint16_t *>(row)[e]);
+  } else {
+    const uint8_t *b = row + (e / 32) * 34;
+    return __fmul_rn(dev::fp16_to_fp32(dev::ld_u16(b)), float(int8_t(b[2 + e % 32])));
+  }
+}
+
+// ---- append ---------------------------------------------------------------------------------
+
+// grid (n_rows, row_elems / 256 rounded up), 256 threads: one element per thread; for Q8_0
+// a warp is one 32-element block (row_elems % 32 == 0, so warps never straddle a row end).
+template <KvType T>
+__global__ void kv_append_kernel(uint8_t *ring, int64_t capacity, int64_t row_elems, size_t row_bytes,
+                                 const int64_t *__restrict__ pos0, const float *__restrict__ src) {
+  const int r = blockIdx.x;
+  const int64_t e = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (e >= row_elems) return;
+  const int64_t slot = (*pos0 + r) % capacity;
+  uint8_t *row = ring + size_t(slot) * row_bytes;
+  const float v = src[size_t(r) * row_elems + e];
+  if constexpr (T == KvType::F32) {
+    reinterpret_cast<float *>(row)[e] = v;
+  } else if constexpr (T == KvType::F16) {
+    reinterpret_cast<uint16_t *>(row)[e] = dev::fp32_to_fp16(v);
+  } else if constexpr (T == KvType::BF16) {
+    reinterpret_cast<uint16_t *>(row)[e] = dev::fp32_to_bf16(v);
+  } else {  // Q8_0 with quantize_q8_0's arithmetic
+    const int lane = threadIdx.x % 32;
+    float amax = fmaxf(0.0f, fabsf(v));
+    for (int o = 16; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
+    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+    uint8_t *b = row + (e / 32) * 34;
+    b[2 + lane] = uint8_t(int8_t(dev::round_even(__fmul_rn(v, id))));
+    if (lane == 0) {
+      const uint16_t h = dev::fp32_to_fp16(__fdiv_rn(amax, 127.0f));
+      b[0] = uint8_t(h & 0xFF);
+      b[1] = uint8_t(h >> 8);
+    }
+  }
+}
+
+// ---- attention ------------------------------------------------------------------------------
+
+constexpr int kThreads = 128;           // 4 warps, 8 half-warps
+constexpr int kTile = 2048;             // keys whose scores are held in shared memory at once
+constexpr int kMaxHeadDim = 512;
+constexpr int kDimsPerThread = kMaxHeadDim / kThreads;
+
+struct AttnParams {
+  const float *q;
+  const uint8_t *k, *v;
+  float *out;
+  const int64_t *pos0;
+  int64_t capacity;
+  size_t k_row_bytes, v_row_bytes;
+  int n_head, group, head_dim, window;
+  float scale;
+};
+
+// Scores of keys [t0, t0 + len) (offsets from j0) into sc[0, len): one half-warp per key, as
+// the CPU's dot_f32 (lane l sums elements l, l + 16, ... in order, then the tree) times scale.
+template <KvType KT>
+__device__ void tile_scores(const AttnParams &a, const float *qs, int64_t j0, int64_t t0, int len, int g, float *sc) {
+  const int hw = threadIdx.x / 16, l = threadIdx.x % 16;
+  const int64_t e0 = int64_t(g) * a.head_dim;
+  for (int kk0 = 0; kk0 < len; kk0 += kThreads / 16) {  // every half-warp of the warp loops alike
+    const int kk = kk0 + hw;
+    float acc = 0.0f;
+    if (kk < len) {
+      const int64_t slot = (j0 + t0 + kk) % a.capacity;
+      const uint8_t *row = a.k + size_t(slot) * a.k_row_bytes;
+      for (int i = l; i < a.head_dim; i += 16) acc = __fadd_rn(acc, __fmul_rn(qs[i], kv_elem<KT>(row, e0 + i)));
+    }
+#pragma unroll
+    for (int o = 8; o >= 1; o /= 2) acc = __fadd_rn(acc, __shfl_down_sync(kFull, acc, o, 16));
+    if (l == 0 && kk < len) sc[kk] = __fmul_rn(acc, a.scale);
+  }
+}
+
+__device__ __forceinline__ float exp_f(float x) { return float(exp(double(x))); }
+
+// grid (n_head, n_rows), kThreads threads: the exact softmax of the CPU generic path in
+// three passes over the keys (max; exp and sum; weighted sum of V), the scores held in
+// shared memory when the keys fit one tile and recomputed per pass otherwise.
+template <KvType KT, KvType VT>
+__global__ void __launch_bounds__(kThreads) attention_kernel(AttnParams a) {
+  __shared__ float qs[kMaxHeadDim];
+  __shared__ float sc[kTile];
+  __shared__ float red_f[kThreads / 32];
+  __shared__ double red_d[kThreads / 32];
+  const int h = blockIdx.x, r = blockIdx.y;
+  const int g = h / a.group;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t p = *a.pos0 + r;
+  const int64_t j0 = a.window > 0 ? (p - a.window + 1 > 0 ? p - a.window + 1 : int64_t(0)) : 0;
+  const int64_t n_keys = p - j0 + 1;
+  const int n_tiles = int((n_keys + kTile - 1) / kTile);
+  const float *q = a.q + (size_t(r) * a.n_head + h) * a.head_dim;
+  for (int i = tid; i < a.head_dim; i += kThreads) qs[i] = q[i];
+  __syncthreads();
+
+  // Pass 1: the maximum score (NaN ignored, as std::max(mx, s) does from -inf).
+  float mx = -INFINITY;
+  for (int t = 0; t < n_tiles; ++t) {
+    const int len = int(n_keys - int64_t(t) * kTile < kTile ? n_keys - int64_t(t) * kTile : int64_t(kTile));
+    tile_scores<KT>(a, qs, j0, int64_t(t) * kTile, len, g, sc);
+    __syncthreads();
+    for (int j = tid; j < len; j += kThreads) mx = fmaxf(mx, sc[j]);
+    __syncthreads();
+  }
+  for (int o = 16; o >= 1; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, o));
+  if (lane == 0) red_f[warp] = mx;
+  __syncthreads();
+  mx = red_f[0];
+  for (int w = 1; w < kThreads / 32; ++w) mx = fmaxf(mx, red_f[w]);
+
+  // Pass 2: e_j = exp(s_j - mx) (kept in sc), their sum in double in a fixed order: each
+  // thread its keys j = tid (mod kThreads) in order, then a fixed tree.
+  double sum = 0.0;
+  for (int t = 0; t < n_tiles; ++t) {
+    const int len = int(n_keys - int64_t(t) * kTile < kTile ? n_keys - int64_t(t) * kTile : int64_t(kTile));
+    if (n_tiles > 1) {
+      __syncthreads();
+      tile_scores<KT>(a, qs, j0, int64_t(t) * kTile, len, g, sc);
+      __syncthreads();
+    }
+    for (int j = tid; j < len; j += kThreads) {
+      const float e = exp_f(__fsub_rn(sc[j], mx));
+      sc[j] = e;
+      sum = __dadd_rn(sum, double(e));
+    }
+  }
+  for (int o = 16; o >= 1; o /= 2) sum = __dadd_rn(sum, __shfl_xor_sync(kFull, sum, o));
+  if (lane == 0) red_d[warp] = sum;
+  __syncthreads();
+  sum = red_d[0];
+  for (int w = 1; w < kThreads / 32; ++w) sum = __dadd_rn(sum, red_d[w]);
+  const float inv = float(__ddiv_rn(1.0, sum));
+
+  // Pass 3: o[d] = sum_j (e_j * inv) * v_j[d], in key order, thread tid owning d = tid + 128 i.
+  float o[kDimsPerThread];
+#pragma unroll
+  for (int i = 0; i < kDimsPerThread; ++i) o[i] = 0.0f;
+  const int64_t e0 = int64_t(g) * a.head_dim;
+  for (int t = 0; t < n_tiles; ++t) {
+    const int len = int(n_keys - int64_t(t) * kTile < kTile ? n_keys - int64_t(t) * kTile : int64_t(kTile));
+    __syncthreads();
+    if (n_tiles > 1) {
+      tile_scores<KT>(a, qs, j0, int64_t(t) * kTile, len, g, sc);
+      __syncthreads();
+      for (int j = tid; j < len; j += kThreads) sc[j] = __fmul_rn(exp_f(__fsub_rn(sc[j], mx)), inv);
+    } else {
+      for (int j = tid; j < len; j += kThreads) sc[j] = __fmul_rn(sc[j], inv);
+    }
+    __syncthreads();
+    for (int j = 0; j < len; ++j) {
+      const int64_t slot = (j0 + int64_t(t) * kTile + j) % a.capacity;
+      const uint8_t *row = a.v + size_t(slot) * a.v_row_bytes;
+      const float w = sc[j];
+#pragma unroll
+      for (int i = 0; i < kDimsPerThread; ++i) {
+        const int d = tid + kThreads * i;
+        if (d < a.head_dim) o[i] = __fadd_rn(o[i], __fmul_rn(w, kv_elem<VT>(row, e0 + d)));
+      }
+    }
+  }
+  float *out = a.out + (size_t(r) * a.n_head + h) * a.head_dim;
+#pragma unroll
+  for (int i = 0; i < kDimsPerThread; ++i) {
+    const int d = tid + kThreads * i;
+    if (d < a.head_dim) out[d] = o[i];
+  }
+}
+
+template <class F>
+bool dispatch_kv(KvType t, F &&f) {
+  switch (t) {
+    case KvType::F32: f(std::integral_constant<KvType, KvType::F32>{}); return true;
+    case KvType::F16: f(std::integral_constant<KvType, KvType::F16>{}); return true;
+    case KvType::BF16: f(std::integral_constant<KvType, KvType::BF16>{}); return true;
+    case KvType::Q8_0: f(std::integral_constant<KvType, KvType::Q8_0>{}); return true;
+  }
+  return false;
+}
+
+bool kv_type_ok(KvType t) { return static_cast<uint8_t>(t) <= static_cast<uint8_t>(KvType::Q8_0); }
+
+Status check_ring(KvType t, const void *ring, int64_t capacity, int64_t row_elems, const char *op) {
+  if (!kv_type_ok(t)) return bad_arg(std::string(op) + ": unknown KV type");
+  if (ring == nullptr || capacity <= 0 || row_elems <= 0 || row_elems % 32 != 0) {
+    return bad_arg(std::string(op) + ": bad ring (null, capacity <= 0 or row_elems not a positive multiple of 32)");
+  }
+  return Status::ok();
+}
+
+// Calls copy(ring_byte_offset, dense_byte_offset, bytes) for each run of consecutive slots
+// that positions [from, to) occupy in a ring of `capacity` rows.
+template <class F>
+Status for_each_run(int64_t capacity, size_t row_bytes, int64_t from, int64_t to, F &&copy) {
+  for (int64_t p = from; p < to;) {
+    const int64_t slot = p % capacity;
+    const int64_t n = std::min(to - p, capacity - slot);
+    GEIST_RETURN_IF_ERROR(copy(size_t(slot) * row_bytes, size_t(p - from) * row_bytes, size_t(n) * row_bytes));
+    p += n;
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status kv_append(KvType t, void *ring, int64_t capacity, int64_t row_elems, const int64_t *pos0, int n_rows,
+                 const float *src, CudaStream s) {
+  GEIST_RETURN_IF_ERROR(check_ring(t, ring, capacity, row_elems, "cuda::kv_append"));
+  if (n_rows < 0 || n_rows > capacity || pos0 == nullptr || (n_rows > 0 && src == nullptr)) {
+    return bad_arg("cuda::kv_append: bad n_rows (must be <= capacity) or null pos0/src");
+  }
+  if (n_rows == 0) return Status::ok();
+  const dim3 grid(unsigned(n_rows), unsigned((row_elems + 255) / 256));
+  const size_t rb = kv_row_bytes(t, row_elems);
+  dispatch_kv(t, [&](auto tag) {
+    constexpr KvType T = decltype(tag)::value;
+    kv_append_kernel<T><<<grid, 256, 0, s>>>(static_cast<uint8_t *>(ring), capacity, row_elems, rb, pos0, src);
+  });
+  return launch_status("cuda::kv_append");
+}
+
+Status kv_copy_positions(KvType t, const void *src_ring, int64_t src_capacity, void *dst_ring, int64_t dst_capacity,
+                         int64_t row_elems, int64_t from, int64_t to, CudaStream s) {
+  GEIST_RETURN_IF_ERROR(check_ring(t, src_ring, src_capacity, row_elems, "cuda::kv_copy_positions"));
+  GEIST_RETURN_IF_ERROR(check_ring(t, dst_ring, dst_capacity, row_elems, "cuda::kv_copy_positions"));
+  if (from < 0 || to < from || to - from > src_capacity || to - from > dst_capacity) {
+    return bad_arg("cuda::kv_copy_positions: bad position range");
+  }
+  const size_t rb = kv_row_bytes(t, row_elems);
+  // Runs of the source ring, each split again where the destination ring wraps.
+  return for_each_run(src_capacity, rb, from, to, [&](size_t src_off, size_t dense_off, size_t bytes) -> Status {
+    const int64_t p0 = from + int64_t(dense_off / rb), p1 = p0 + int64_t(bytes / rb);
+    return for_each_run(dst_capacity, rb, p0, p1, [&](size_t dst_off, size_t sub_off, size_t sub_bytes) {
+      return cuda_status(cudaMemcpyAsync(static_cast<uint8_t *>(dst_ring) + dst_off,
+                                         static_cast<const uint8_t *>(src_ring) + src_off + sub_off, sub_bytes,
+                                         cudaMemcpyDeviceToDevice, s),
+                         "cuda::kv_copy_positions");
+    });
+  });
+}
+
+Status kv_read_positions(KvType t, const void *ring, int64_t capacity, int64_t row_elems, int64_t from, int64_t to,
+                         void *host_dst, CudaStream s) {
+  GEIST_RETURN_IF_ERROR(check_ring(t, ring, capacity, row_elems, "cuda::kv_read_positions"));
+  if (from < 0 || to < from || to - from > capacity || (to > from && host_dst == nullptr)) {
+    return bad_arg("cuda::kv_read_positions: bad position range or null buffer");
+  }
+  return for_each_run(capacity, kv_row_bytes(t, row_elems), from, to, [&](size_t ring_off, size_t off, size_t bytes) {
+    return cuda_status(cudaMemcpyAsync(static_cast<uint8_t *>(host_dst) + off,
+                                       static_cast<const uint8_t *>(ring) + ring_off, bytes, cudaMemcpyDeviceToHost, s),
+                       "cuda::kv_read_positions");
+  });
+}
+
+Status kv_write_positions(KvType t, void *ring, int64_t capacity, int64_t row_elems, int64_t from, int64_t to,
+                          const void *host_src, CudaStream s) {
+  GEIST_RETURN_IF_ERROR(check_ring(t, ring, capacity, row_elems, "cuda::kv_write_positions"));
+  if (from < 0 || to < from || to - from > capacity || (to > from && host_src == nullptr)) {
+    return bad_arg("cuda::kv_write_positions: bad position range or null buffer");
+  }
+  return for_each_run(capacity, kv_row_bytes(t, row_elems), from, to, [&](size_t ring_off, size_t off, size_t bytes) {
+    return cuda_status(cudaMemcpyAsync(static_cast<uint8_t *>(ring) + ring_off,
+                                       static_cast<const uint8_t *>(host_src) + off, bytes, cudaMemcpyHostToDevice, s),
+                       "cuda::kv_write_positions");
+  });
+}
+
+Status attention(const AttnArgs &a, CudaStream s) {
+  if (!kv_type_ok(a.k_type) || !kv_type_ok(a.v_type)) return bad_arg("cuda::attention: unknown KV type");
+  if (a.n_rows < 0 || a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.head_dim <= 0 ||
+      a.head_dim % 32 != 0 || a.head_dim > kMaxHeadDim || a.capacity <= 0 || a.window < 0 || a.n_head > 65535 ||
+      a.n_rows > 65535) {
+    return bad_arg("cuda::attention: bad shape (n_head % n_head_kv, head_dim a multiple of 32 up to 512, capacity)");
+  }
+  if (a.n_rows == 0) return Status::ok();
+  if (!a.q || !a.k || !a.v || !a.out || !a.pos0) return bad_arg("cuda::attention: null pointer");
+  AttnParams p;
+  p.q = a.q;
+  p.k = static_cast<const uint8_t *>(a.k);
+  p.v = static_cast<const uint8_t *>(a.v);
+  p.out = a.out;
+  p.pos0 = a.pos0;
+  p.capacity = a.capacity;
+  const int64_t row_elems = int64_t(a.n_head_kv) * a.head_dim;
+  p.k_row_bytes = kv_row_bytes(a.k_type, row_elems);
+  p.v_row_bytes = kv_row_bytes(a.v_type, row_elems);
+  p.n_head = a.n_head;
+  p.group = a.n_head / a.n_head_kv;
+  p.head_dim = a.head_dim;
+  p.window = a.window;
+  p.scale = a.scale;
+  const dim3 grid(unsigned(a.n_head), unsigned(a.n_rows));
+  dispatch_kv(a.k_type, [&](auto tag_k) {
+    dispatch_kv(a.v_type, [&](auto tag_v) {
+      constexpr KvType KT = decltype(tag_k)::value, VT = decltype(tag_v)::value;
+      attention_kernel<KT, VT><<<grid, kThreads, 0, s>>>(p);
+    });
+  });
+  return launch_status("cuda::attention");
+}
+
+}  // namespace geist::cuda

@@ -1,0 +1,269 @@
+// Device helpers shared by the kernels: f16/bf16 conversions, per-element dequantization
+// and integer unpacking of every GGUF block format, warp reductions, error mapping.
+// Every float operation mirrors the CPU reference (quant/dequant.cpp, quant/dot.cpp)
+// operation for operation; the library is built with -fmad=false so none is fused.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "backends/cuda/kernels.h"
+#include "quant/ggml_type.h"
+
+namespace geist::cuda {
+
+// "<what>: CUDA error 2 (cudaErrorMemoryAllocation): out of memory" with the geist code.
+Status cuda_status(cudaError_t e, const char *what);
+// The launch error after a kernel launch, else OK.
+inline Status launch_status(const char *what) { return cuda_status(cudaGetLastError(), what); }
+inline Status bad_arg(const std::string &msg) { return Status(GEIST_E_INVALID_ARGUMENT, msg); }
+
+namespace dev {
+
+// Unaligned little-endian loads: block fields are not aligned in general.
+__device__ __forceinline__ uint32_t ld_u16(const uint8_t *p) { return uint32_t(p[0]) | (uint32_t(p[1]) << 8); }
+__device__ __forceinline__ uint32_t ld_u32(const uint8_t *p) {
+  return uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
+}
+
+// quant::fp16_to_fp32, bit for bit (NaN payloads included).
+__device__ __forceinline__ float fp16_to_fp32(uint32_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu;
+  uint32_t mant = h & 0x3FFu;
+  uint32_t bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (mant << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {
+    int32_t e = 113;
+    while ((mant & 0x400u) == 0) {
+      mant <<= 1;
+      --e;
+    }
+    bits = sign | (uint32_t(e) << 23) | ((mant & 0x3FFu) << 13);
+  }
+  return __uint_as_float(bits);
+}
+
+__device__ __forceinline__ uint32_t shift_round_even(uint32_t m, int shift) {
+  const uint32_t q = m >> shift;
+  const uint32_t rem = m & ((1u << shift) - 1);
+  const uint32_t half = 1u << (shift - 1);
+  return (rem > half || (rem == half && (q & 1))) ? q + 1 : q;
+}
+
+// quant::fp32_to_fp16, bit for bit.
+__device__ __forceinline__ uint16_t fp32_to_fp16(float f) {
+  const uint32_t u = __float_as_uint(f);
+  const uint16_t sign = uint16_t((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) {
+    uint32_t payload = (a >> 13) & 0x3FFu;
+    if (payload == 0) payload = 1;
+    return uint16_t(sign | 0x7C00u | payload);
+  }
+  if (a >= 0x477FF000u) return uint16_t(sign | 0x7C00u);
+  if (a >= 0x38800000u) {
+    const uint32_t exp = (a >> 23) - 112;
+    const uint32_t m = (exp << 23) | (a & 0x7FFFFFu);
+    return uint16_t(sign | shift_round_even(m, 13));
+  }
+  if (a <= 0x33000000u) return sign;
+  const int32_t e = int32_t(a >> 23);
+  const uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
+  return uint16_t(sign | shift_round_even(m, 126 - e));
+}
+
+__device__ __forceinline__ float bf16_to_fp32(uint32_t h) { return __uint_as_float(h << 16); }
+
+// kv_type.h's BF16: round to nearest even on the top 16 bits; a NaN stays a quiet NaN.
+__device__ __forceinline__ uint16_t fp32_to_bf16(float f) {
+  const uint32_t u = __float_as_uint(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((u >> 16) | 0x0040u);
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// quant/dot.cpp's round_even: NaN -> 0, clamped to [-128, 127], ties to even.
+__device__ __forceinline__ int round_even(float v) {
+  v = v == v ? v : 0.0f;
+  v = v < -128.0f ? -128.0f : v;
+  v = v > 127.0f ? 127.0f : v;
+  return int(__fsub_rn(__fadd_rn(v, 12582912.0f), 12582912.0f));
+}
+
+// The 6-bit scale and min of sub-block j of a Q4_K/Q5_K block (block_formats.h).
+__device__ __forceinline__ void scale_min_k4(const uint8_t *q, int j, int *sc, int *mn) {
+  if (j < 4) {
+    *sc = q[j] & 0x3F;
+    *mn = q[j + 4] & 0x3F;
+  } else {
+    *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
+    *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Element e of a row of type T: the f32 value quant::dequantize_row gives, by the same
+// operations in the same order. row: the row's first byte.
+template <quant::GgmlType T>
+__device__ __forceinline__ float dequant_elem(const uint8_t *row, int64_t e) {
+  using quant::GgmlType;
+  if constexpr (T == GgmlType::F32) {
+    return __uint_as_float(ld_u32(row + 4 * e));
+  } else if constexpr (T == GgmlType::F16) {
+    return fp16_to_fp32(ld_u16(row + 2 * e));
+  } else if constexpr (T == GgmlType::BF16) {
+    return bf16_to_fp32(ld_u16(row + 2 * e));
+  } else if constexpr (T == GgmlType::Q4_0 || T == GgmlType::Q4_1) {
+    constexpr int bb = T == GgmlType::Q4_0 ? 18 : 20;
+    const uint8_t *b = row + (e / 32) * bb;
+    const int j = int(e % 32);
+    const uint8_t *qs = b + (T == GgmlType::Q4_0 ? 2 : 4);
+    const int q = j < 16 ? (qs[j] & 0x0F) : (qs[j - 16] >> 4);
+    const float d = fp16_to_fp32(ld_u16(b));
+    if constexpr (T == GgmlType::Q4_0) {
+      return d * float(q - 8);
+    } else {
+      return d * float(q) + fp16_to_fp32(ld_u16(b + 2));
+    }
+  } else if constexpr (T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
+    constexpr int bb = T == GgmlType::Q5_0 ? 22 : 24;
+    constexpr int qh_off = T == GgmlType::Q5_0 ? 2 : 4;
+    const uint8_t *b = row + (e / 32) * bb;
+    const int j = int(e % 32);
+    const uint8_t *qs = b + qh_off + 4;
+    const uint32_t qh = ld_u32(b + qh_off);
+    const int lo = j < 16 ? (qs[j] & 0x0F) : (qs[j - 16] >> 4);
+    const int q = lo | int(((qh >> j) & 1u) << 4);
+    const float d = fp16_to_fp32(ld_u16(b));
+    if constexpr (T == GgmlType::Q5_0) {
+      return d * float(q - 16);
+    } else {
+      return d * float(q) + fp16_to_fp32(ld_u16(b + 2));
+    }
+  } else if constexpr (T == GgmlType::Q8_0) {
+    const uint8_t *b = row + (e / 32) * 34;
+    return float(int8_t(b[2 + e % 32])) * fp16_to_fp32(ld_u16(b));
+  } else if constexpr (T == GgmlType::Q2_K) {
+    const uint8_t *b = row + (e / 256) * 84;
+    const int i = int(e % 256), h = i / 128, s = (i / 32) % 4, l = i % 32;
+    const int q = (b[16 + 32 * h + l] >> (2 * s)) & 3;
+    const uint32_t sc = b[i / 16];
+    const float dl = fp16_to_fp32(ld_u16(b + 80)) * float(sc & 0x0F);
+    const float ml = fp16_to_fp32(ld_u16(b + 82)) * float(sc >> 4);
+    return dl * float(q) - ml;
+  } else if constexpr (T == GgmlType::Q3_K) {
+    const uint8_t *b = row + (e / 256) * 110;
+    const int i = int(e % 256), h = i / 128, s = (i / 32) % 4, l = i % 32;
+    const int lo = (b[32 + 32 * h + l] >> (2 * s)) & 3;
+    const int hbit = (b[l] >> (i / 32)) & 1;
+    const int q = lo - (hbit ? 0 : 4);
+    const int j = i / 16;
+    const uint8_t *sp = b + 96;
+    const int sc = (((sp[j % 8] >> (4 * (j / 8))) & 0x0F) | (((sp[8 + j % 4] >> (2 * (j / 4))) & 0x03) << 4)) - 32;
+    const float dl = fp16_to_fp32(ld_u16(b + 108)) * float(sc);
+    return dl * float(q);
+  } else if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+    constexpr int bb = T == GgmlType::Q4_K ? 144 : 176;
+    const uint8_t *b = row + (e / 256) * bb;
+    const int i = int(e % 256), j = i / 32, l = i % 32;
+    const uint8_t *qs = b + (T == GgmlType::Q4_K ? 16 : 48);
+    int q = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+    if constexpr (T == GgmlType::Q5_K) q |= ((b[16 + l] >> j) & 1) << 4;
+    int sc, mn;
+    scale_min_k4(b + 4, j, &sc, &mn);
+    const float dl = fp16_to_fp32(ld_u16(b)) * float(sc);
+    const float ml = fp16_to_fp32(ld_u16(b + 2)) * float(mn);
+    return dl * float(q) - ml;
+  } else if constexpr (T == GgmlType::Q6_K) {
+    const uint8_t *b = row + (e / 256) * 210;
+    const int i = int(e % 256), h = i / 128, s = (i / 32) % 4, l = i % 32;
+    const int lo = (b[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 0x0F;
+    const int hi = (b[128 + 32 * h + l] >> (2 * s)) & 0x03;
+    const int q = (lo | (hi << 4)) - 32;
+    const float dl = fp16_to_fp32(ld_u16(b + 208)) * float(int8_t(b[192 + i / 16]));
+    return dl * float(q);
+  } else {
+    static_assert(T == GgmlType::F32, "no dequantizer for this type");
+    return 0.0f;
+  }
+}
+
+// The integer form quant::unpack_row gives element i (0..block-1) of block `b`: a = scale *
+// quant, m = the min (0 for types without mins).
+template <quant::GgmlType T>
+__device__ __forceinline__ void unpack_elem(const uint8_t *b, int i, int *a, int *m) {
+  using quant::GgmlType;
+  *m = 0;
+  if constexpr (T == GgmlType::Q8_0) {
+    *a = int8_t(b[2 + i]);
+  } else if constexpr (T == GgmlType::Q4_0) {
+    *a = (i < 16 ? (b[2 + i] & 0x0F) : (b[2 + i - 16] >> 4)) - 8;
+  } else if constexpr (T == GgmlType::Q5_0) {
+    const uint32_t qh = ld_u32(b + 2);
+    const int lo = i < 16 ? (b[6 + i] & 0x0F) : (b[6 + i - 16] >> 4);
+    *a = (lo | int(((qh >> i) & 1u) << 4)) - 16;
+  } else if constexpr (T == GgmlType::Q2_K) {
+    const int h = i / 128, s = (i / 32) % 4, l = i % 32;
+    const int q = (b[16 + 32 * h + l] >> (2 * s)) & 3;
+    const int sc = b[i / 16];
+    *a = (sc & 0x0F) * q;
+    *m = sc >> 4;
+  } else if constexpr (T == GgmlType::Q3_K) {
+    const int h = i / 128, s = (i / 32) % 4, l = i % 32;
+    const int lo = (b[32 + 32 * h + l] >> (2 * s)) & 3;
+    const int q = lo - (((b[l] >> (i / 32)) & 1) ? 0 : 4);
+    const int j = i / 16;
+    const uint8_t *sp = b + 96;
+    const int sc = (((sp[j % 8] >> (4 * (j / 8))) & 0x0F) | (((sp[8 + j % 4] >> (2 * (j / 4))) & 0x03) << 4)) - 32;
+    *a = sc * q;
+  } else if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+    const int j = i / 32, l = i % 32;
+    const uint8_t *qs = b + (T == GgmlType::Q4_K ? 16 : 48);
+    int q = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+    if constexpr (T == GgmlType::Q5_K) q |= ((b[16 + l] >> j) & 1) << 4;
+    int sc, mn;
+    scale_min_k4(b + 4, j, &sc, &mn);
+    *a = sc * q;
+    *m = mn;
+  } else if constexpr (T == GgmlType::Q6_K) {
+    const int h = i / 128, s = (i / 32) % 4, l = i % 32;
+    const int lo = (b[64 * h + 32 * (s % 2) + l] >> (4 * (s / 2))) & 0x0F;
+    const int hi = (b[128 + 32 * h + l] >> (2 * s)) & 0x03;
+    *a = int(int8_t(b[192 + i / 16])) * ((lo | (hi << 4)) - 32);
+  } else {
+    static_assert(T == GgmlType::Q8_0, "no integer form for this type");
+  }
+}
+
+// Byte offsets of a block's f16 super-scale d and dmin (-1: none), as quant/dot.cpp's
+// scale_fields.
+template <quant::GgmlType T>
+struct BlockInfo;
+#define GEIST_BLOCK_INFO(T_, bs, bb, doff, dmoff)                                          \
+  template <>                                                                              \
+  struct BlockInfo<quant::GgmlType::T_> {                                                  \
+    static constexpr int kBlock = bs, kBytes = bb, kDOff = doff, kDminOff = dmoff;         \
+  };
+GEIST_BLOCK_INFO(Q4_0, 32, 18, 0, -1)
+GEIST_BLOCK_INFO(Q5_0, 32, 22, 0, -1)
+GEIST_BLOCK_INFO(Q8_0, 32, 34, 0, -1)
+GEIST_BLOCK_INFO(Q2_K, 256, 84, 80, 82)
+GEIST_BLOCK_INFO(Q3_K, 256, 110, 108, -1)
+GEIST_BLOCK_INFO(Q4_K, 256, 144, 0, 2)
+GEIST_BLOCK_INFO(Q5_K, 256, 176, 0, 2)
+GEIST_BLOCK_INFO(Q6_K, 256, 210, 208, -1)
+#undef GEIST_BLOCK_INFO
+
+__device__ __forceinline__ int warp_sum_int(int v) {
+  for (int o = 16; o >= 1; o /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o);
+  return v;
+}
+
+}  // namespace dev
+}  // namespace geist::cuda

@@ -1,0 +1,117 @@
+// Device queries, memory, streams and the mapping of CUDA errors to geist statuses.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <string>
+
+#include "backends/cuda/common.cuh"
+
+namespace geist::cuda {
+
+Status cuda_status(cudaError_t e, const char *what) {
+  if (e == cudaSuccess) return Status::ok();
+  geist_status code = GEIST_E_INTERNAL;
+  switch (e) {
+    case cudaErrorMemoryAllocation: code = GEIST_E_OUT_OF_MEMORY; break;
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorNoKernelImageForDevice:
+    case cudaErrorUnsupportedPtxVersion:
+    case cudaErrorInvalidDevice:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorCompatNotSupportedOnDevice:
+    case cudaErrorSystemDriverMismatch: code = GEIST_E_UNSUPPORTED; break;
+    case cudaErrorInvalidValue: code = GEIST_E_INVALID_ARGUMENT; break;
+    default: break;
+  }
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "CUDA error %d (", static_cast<int>(e));
+  return Status(code, std::string(what) + ": " + buf + cudaGetErrorName(e) + "): " + cudaGetErrorString(e));
+}
+
+Status last_error(const char *what) { return cuda_status(cudaGetLastError(), what); }
+
+Result<int> device_count() {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return cuda_status(e, "cudaGetDeviceCount");
+  }
+  return n;
+}
+
+Result<DeviceInfo> device_info(int index) {
+  cudaDeviceProp p;
+  cudaError_t e = cudaGetDeviceProperties(&p, index);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return cuda_status(e, ("cudaGetDeviceProperties(" + std::to_string(index) + ")").c_str());
+  }
+  DeviceInfo d;
+  d.index = index;
+  d.name = p.name;
+  d.cc_major = p.major;
+  d.cc_minor = p.minor;
+  d.total_mem = p.totalGlobalMem;
+  d.sm_count = p.multiProcessorCount;
+  if ((e = cudaDriverGetVersion(&d.driver_version)) != cudaSuccess) return cuda_status(e, "cudaDriverGetVersion");
+  if ((e = cudaRuntimeGetVersion(&d.runtime_version)) != cudaSuccess) return cuda_status(e, "cudaRuntimeGetVersion");
+  return d;
+}
+
+Status set_device(int index) { return cuda_status(cudaSetDevice(index), "cudaSetDevice"); }
+
+std::string describe(const DeviceInfo &d) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %.1f GiB, driver %d.%d, runtime %d.%d)", d.name.c_str(), d.cc_major,
+                d.cc_minor, double(d.total_mem) / (1024.0 * 1024.0 * 1024.0), d.driver_version / 1000,
+                (d.driver_version % 1000) / 10, d.runtime_version / 1000, (d.runtime_version % 1000) / 10);
+  return buf;
+}
+
+Result<void *> device_alloc(size_t bytes) {
+  void *p = nullptr;
+  cudaError_t e = cudaMalloc(&p, bytes == 0 ? 1 : bytes);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // an allocation failure is not sticky; clear it
+    return cuda_status(e, ("cudaMalloc(" + std::to_string(bytes) + " bytes)").c_str());
+  }
+  return p;
+}
+
+void device_free(void *p) {
+  if (p) (void)cudaFree(p);
+}
+
+Status upload(void *dst, const void *src, size_t bytes) {
+  return cuda_status(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "upload");
+}
+Status download(void *dst, const void *src, size_t bytes) {
+  return cuda_status(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "download");
+}
+Status upload_async(void *dst, const void *src, size_t bytes, CudaStream s) {
+  return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s), "upload_async");
+}
+Status download_async(void *dst, const void *src, size_t bytes, CudaStream s) {
+  return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s), "download_async");
+}
+Status copy_async(void *dst, const void *src, size_t bytes, CudaStream s) {
+  return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "copy_async");
+}
+Status memset_async(void *dst, int value, size_t bytes, CudaStream s) {
+  return cuda_status(cudaMemsetAsync(dst, value, bytes, s), "memset_async");
+}
+
+Result<CudaStream> stream_create() {
+  cudaStream_t s = nullptr;
+  cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return cuda_status(e, "cudaStreamCreate");
+  return s;
+}
+void stream_destroy(CudaStream s) {
+  if (s) (void)cudaStreamDestroy(s);
+}
+Status stream_sync(CudaStream s) { return cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize"); }
+
+}  // namespace geist::cuda

@@ -1,0 +1,157 @@
+// Row-wise and elementwise ops: RMSNorm, RoPE, GELU gating, softcap, adds and copies.
+#include <cuda_runtime.h>
+
+#include "backends/cuda/common.cuh"
+
+namespace geist::cuda {
+namespace {
+
+constexpr unsigned kFull = 0xFFFFFFFFu;
+
+unsigned blocks_for(int64_t n, int per) { return unsigned((n + per - 1) / per); }
+
+// One block per vector. The sum of squares is taken in double in index order, as the CPU
+// loop does (warp 0 loads 32 values at a time and lane 0 adds them one by one), so the
+// scale r has the CPU's bits whatever the rounding of the double sum.
+__global__ void rmsnorm_kernel(const float *x, const float *__restrict__ g, float *out, int64_t dim, float eps) {
+  __shared__ float r_sh;
+  const float *xv = x + size_t(blockIdx.x) * dim;
+  float *ov = out + size_t(blockIdx.x) * dim;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    double ss = 0.0;
+    for (int64_t c = 0; c < dim; c += 32) {
+      const float v = c + lane < dim ? xv[c + lane] : 0.0f;
+      const int n = dim - c < 32 ? int(dim - c) : 32;
+      for (int j = 0; j < n; ++j) {
+        const double t = double(__shfl_sync(kFull, v, j));
+        ss = __dadd_rn(ss, __dmul_rn(t, t));
+      }
+    }
+    if (lane == 0) r_sh = float(__ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(__ddiv_rn(ss, double(dim)), double(eps)))));
+  }
+  __syncthreads();
+  const float r = r_sh;
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = __fmul_rn(xv[i], r);
+    ov[i] = g ? __fmul_rn(v, g[i]) : v;
+  }
+}
+
+// One thread per rotated pair (row, head, i < rot_dim / 2).
+__global__ void rope_neox_kernel(float *x, int n_rows, int n_heads, int head_dim, int rot_dim,
+                                 const float *__restrict__ cs) {
+  const int half = rot_dim / 2;
+  const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= int64_t(n_rows) * n_heads * half) return;
+  const int i = int(t % half);
+  const int64_t rh = t / half;  // row * n_heads + head
+  const int r = int(rh / n_heads);
+  float *v = x + size_t(rh) * head_dim;
+  const float *c = cs + size_t(r) * rot_dim;
+  const float x0 = v[i], x1 = v[i + half];
+  const float co = c[2 * i], si = c[2 * i + 1];
+  v[i] = __fsub_rn(__fmul_rn(x0, co), __fmul_rn(x1, si));
+  v[i + half] = __fadd_rn(__fmul_rn(x1, co), __fmul_rn(x0, si));
+}
+
+// tanh in double, rounded once: within an ulp of the true value (libm's tanhf is too).
+__device__ __forceinline__ float tanh_f(float u) { return float(tanh(double(u))); }
+
+__global__ void gelu_mul_kernel(const float *__restrict__ gate, const float *__restrict__ up, float *out, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float k = 0.7978845608028654f;
+  const float g = gate[i];
+  // The CPU generic's order: k * (g + ((0.044715 * g) * g) * g); 0.5 * g * (1 + t) * up.
+  const float cube = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g);
+  const float t = tanh_f(__fmul_rn(k, __fadd_rn(g, cube)));
+  out[i] = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, t)), up[i]);
+}
+
+__global__ void add_kernel(float *x, const float *y, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = __fadd_rn(x[i], y[i]);
+}
+
+__global__ void scale_kernel(float *x, float s, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = __fmul_rn(x[i], s);
+}
+
+__global__ void add_scale_kernel(float *z, const float *t, float s, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) z[i] = __fmul_rn(__fadd_rn(z[i], t[i]), s);
+}
+
+__global__ void softcap_kernel(float *x, int64_t n, float cap) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = __fmul_rn(cap, tanh_f(__fdiv_rn(x[i], cap)));
+}
+
+__global__ void copy_cols_kernel(const float *__restrict__ src, int64_t src_stride, int64_t col0,
+                                 float *__restrict__ dst, int64_t width) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < width) dst[size_t(blockIdx.y) * width + i] = src[size_t(blockIdx.y) * src_stride + col0 + i];
+}
+
+}  // namespace
+
+Status rmsnorm(const float *x, const float *g, float *out, int64_t n_vec, int64_t dim, float eps, CudaStream s) {
+  if (n_vec < 0 || dim <= 0 || n_vec > 0x7FFFFFFF) return bad_arg("cuda::rmsnorm: bad shape");
+  if (n_vec == 0) return Status::ok();
+  rmsnorm_kernel<<<unsigned(n_vec), 256, 0, s>>>(x, g, out, dim, eps);
+  return launch_status("cuda::rmsnorm");
+}
+
+Status rope_neox(float *x, int n_rows, int n_heads, int head_dim, int rot_dim, const float *cs, CudaStream s) {
+  if (n_rows < 0 || n_heads <= 0 || rot_dim <= 0 || rot_dim % 2 != 0 || rot_dim > head_dim) {
+    return bad_arg("cuda::rope_neox: bad shape");
+  }
+  const int64_t n = int64_t(n_rows) * n_heads * (rot_dim / 2);
+  if (n == 0) return Status::ok();
+  rope_neox_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, n_rows, n_heads, head_dim, rot_dim, cs);
+  return launch_status("cuda::rope_neox");
+}
+
+Status gelu_mul(const float *gate, const float *up, float *out, int64_t n, CudaStream s) {
+  if (n <= 0) return n == 0 ? Status::ok() : bad_arg("cuda::gelu_mul: n < 0");
+  gelu_mul_kernel<<<blocks_for(n, 256), 256, 0, s>>>(gate, up, out, n);
+  return launch_status("cuda::gelu_mul");
+}
+
+Status add_inplace(float *x, const float *y, int64_t n, CudaStream s) {
+  if (n <= 0) return n == 0 ? Status::ok() : bad_arg("cuda::add_inplace: n < 0");
+  add_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, y, n);
+  return launch_status("cuda::add_inplace");
+}
+
+Status scale_inplace(float *x, float scale, int64_t n, CudaStream s) {
+  if (n <= 0) return n == 0 ? Status::ok() : bad_arg("cuda::scale_inplace: n < 0");
+  scale_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, scale, n);
+  return launch_status("cuda::scale_inplace");
+}
+
+Status add_scale(float *z, const float *t, float scale, int64_t n, CudaStream s) {
+  if (n <= 0) return n == 0 ? Status::ok() : bad_arg("cuda::add_scale: n < 0");
+  add_scale_kernel<<<blocks_for(n, 256), 256, 0, s>>>(z, t, scale, n);
+  return launch_status("cuda::add_scale");
+}
+
+Status softcap(float *x, int64_t n, float cap, CudaStream s) {
+  if (n <= 0) return n == 0 ? Status::ok() : bad_arg("cuda::softcap: n < 0");
+  softcap_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, n, cap);
+  return launch_status("cuda::softcap");
+}
+
+Status copy_cols(const float *src, int64_t src_stride, int64_t col0, float *dst, int64_t width, int n_rows,
+                 CudaStream s) {
+  if (n_rows < 0 || width < 0 || col0 < 0 || col0 + width > src_stride || n_rows > 65535) {
+    return bad_arg("cuda::copy_cols: bad shape");
+  }
+  if (n_rows == 0 || width == 0) return Status::ok();
+  copy_cols_kernel<<<dim3(blocks_for(width, 256), unsigned(n_rows)), 256, 0, s>>>(src, src_stride, col0, dst, width);
+  return launch_status("cuda::copy_cols");
+}
+
+}  // namespace geist::cuda

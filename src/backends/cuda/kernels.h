@@ -1,0 +1,192 @@
+// The CUDA kernel library: a host-callable C++ API over device memory, free of CUDA
+// headers (a translation unit that includes this needs no nvcc). The CUDA backend wraps it.
+//
+// Conventions, for every op below:
+// - Tensor pointers are DEVICE pointers unless a comment says "host"; activations are
+//   row-major f32, [n_rows][width].
+// - Every op enqueues on the given stream and returns at once (asynchronous). The returned
+//   Status reports a bad argument (checked on the host before any launch) or the launch
+//   error (cudaGetLastError right after the launch); a fault inside a kernel surfaces at the
+//   next synchronizing call (stream_sync).
+// - Positions that vary per step (pos0) are read from device memory, so a captured CUDA
+//   graph can replay a call after the host rewrote that memory.
+// - Deterministic and batch invariant: an output row is computed by the same operations in
+//   the same order whatever n_rows and whatever the other rows hold (no split-K chosen by
+//   size, no atomics, no cuBLAS). Which ops reproduce the CPU generic path bit for bit is
+//   said at each op (built with -fmad=false: no contraction of a*b+c into an FMA).
+// - Thread safety: the functions hold no state; concurrent calls on different streams are
+//   safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "backends/kv_type.h"
+#include "base/status.h"
+#include "quant/ggml_type.h"
+
+struct CUstream_st;  // CUDA's opaque stream (cudaStream_t is CUstream_st *)
+
+namespace geist::cuda {
+
+using CudaStream = CUstream_st *;  // nullptr = the legacy default stream
+
+// ---- device, memory, streams -------------------------------------------------------------
+// Errors are GEIST_E_UNSUPPORTED (no device, driver too old, no kernel image for the
+// device), GEIST_E_OUT_OF_MEMORY, GEIST_E_INVALID_ARGUMENT or GEIST_E_INTERNAL, with a
+// message "<what>: CUDA error 35 (cudaErrorInsufficientDriver): <CUDA's description>".
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;          // "NVIDIA H200"
+  int cc_major = 0, cc_minor = 0;
+  int driver_version = 0;    // as cudaDriverGetVersion: 1000 * major + 10 * minor
+  int runtime_version = 0;   // the runtime this library was linked with, same encoding
+  size_t total_mem = 0;      // bytes
+  int sm_count = 0;
+};
+
+// Number of usable devices; an error (not 0) when the driver is missing or too old.
+Result<int> device_count();
+// Properties of device `index`; errors as above (no device, bad index).
+Result<DeviceInfo> device_info(int index);
+// Makes `index` the calling thread's current device.
+Status set_device(int index);
+// "NVIDIA H200 (sm_90, 139.8 GiB, driver 13.0, runtime 13.0)"
+std::string describe(const DeviceInfo &d);
+
+// cudaMalloc / cudaFree. device_free(nullptr) does nothing.
+Result<void *> device_alloc(size_t bytes);
+void device_free(void *p);
+// Synchronous copies (return when the data has arrived).
+Status upload(void *dst_dev, const void *src_host, size_t bytes);
+Status download(void *dst_host, const void *src_dev, size_t bytes);
+// Asynchronous on s; the host buffer must stay valid until the stream reaches the copy
+// (pageable host memory makes the copy synchronous with respect to the host).
+Status upload_async(void *dst_dev, const void *src_host, size_t bytes, CudaStream s);
+Status download_async(void *dst_host, const void *src_dev, size_t bytes, CudaStream s);
+Status copy_async(void *dst_dev, const void *src_dev, size_t bytes, CudaStream s);
+Status memset_async(void *dst_dev, int value, size_t bytes, CudaStream s);
+
+// A non-blocking stream of the current device.
+Result<CudaStream> stream_create();
+void stream_destroy(CudaStream s);
+// Waits for everything enqueued on s; reports any error a kernel raised.
+Status stream_sync(CudaStream s);
+// The pending launch error, if any (cudaGetLastError), named after `what`.
+Status last_error(const char *what);
+
+// ---- matmul ---------------------------------------------------------------------------------
+
+// A weight matrix on the device, exactly as stored in GGUF: [n_out] rows of n_in elements in
+// blocks of `type` (quant/block_formats.h), row r at data + r * row_bytes. A range of output
+// rows [n0, n1) is the view {data + n0 * row_bytes, type, n_in, n1 - n0, row_bytes}.
+struct DevMatrix {
+  const uint8_t *data = nullptr;
+  quant::GgmlType type = quant::GgmlType::F32;
+  int64_t n_in = 0;      // K, contiguous
+  int64_t n_out = 0;     // N, rows
+  size_t row_bytes = 0;  // bytes of one row of n_in elements
+};
+
+// How quantized weights meet activations (as cpu::ActivationMode):
+//   Q8:  activations quantized per row (quant::act_format: Q8_0 for Q4_0/Q5_0/Q8_0, Q8_K for
+//        the K-quants), integer block dots, block scales applied in f32; weight types whose
+//        act_format is F32 (F32, F16, BF16, Q4_1, Q5_1) run as in F32 mode.
+//   F32: weights dequantized to f32 (quant::dequantize_row's bits) times f32 activations.
+enum class ActMode { Q8, F32 };
+
+// F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+bool matmul_supported(quant::GgmlType t);
+// Bytes of device scratch matmul needs for up to max_rows rows (the quantized activations;
+// 0 when nothing is quantized). The same scratch may serve every matmul of a stream.
+size_t matmul_scratch_bytes(const DevMatrix &w, int max_rows);
+
+// y[r][n] = sum_k W[n][k] * x[r][k].  x: [n_rows][w.n_in], y: [n_rows][w.n_out].
+// scratch: >= matmul_scratch_bytes(w, n_rows) bytes (may be null when that is 0); in use
+// until the stream passes this call. Bits: equal to cpu::matmul_generic in the same mode
+// (Q8: quant::quantize_row + dot_unpacked / dot_q8_0_blocks; F32: dequantize_row + the
+// 16-lane dot_f32 of ops.cpp), for every type. Cost: one warp per (output, 8 rows).
+Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode mode, void *scratch,
+              CudaStream s);
+
+// out[r] = dequant(table row ids[r]) * scale; an id outside [0, table.n_out) gives a zero row
+// (Gemma 4's per-layer embeddings). ids: [n] int32 (device), out: [n][table.n_in].
+// Bits: cpu::embedding_gather's.
+Status embed(const DevMatrix &table, const int32_t *ids, int n, float scale, float *out, CudaStream s);
+
+// ---- row-wise and elementwise ops -----------------------------------------------------------
+
+// out = x / rms(x) * g per vector of dim (eps inside the root); x, out: [n_vec][dim] (out may
+// equal x); g: [dim] or nullptr. Bits: cpu::rmsnorm_to's (the sum of squares is accumulated
+// in double in the CPU's sequential order, by one thread per vector).
+Status rmsnorm(const float *x, const float *g, float *out, int64_t n_vec, int64_t dim, float eps, CudaStream s);
+
+// Rotary embedding, half-split (NEOX) layout, in place: x [n_rows][n_heads][head_dim];
+// cs: [n_rows][rot_dim/2][2] (cos, sin), as cpu::RopeTable::fill makes it. Dims >= rot_dim
+// pass through. Bits: cpu::rope_neox's.
+Status rope_neox(float *x, int n_rows, int n_heads, int head_dim, int rot_dim, const float *cs, CudaStream s);
+
+// out[i] = gelu_tanh(gate[i]) * up[i] with the CPU generic's formula; tanh is evaluated in
+// double and rounded once, so it can differ from libm's tanhf by 1 ulp (then out by a few ulp).
+Status gelu_mul(const float *gate, const float *up, float *out, int64_t n, CudaStream s);
+// x[i] += y[i] (bit-exact)
+Status add_inplace(float *x, const float *y, int64_t n, CudaStream s);
+// x[i] *= scale (bit-exact)
+Status scale_inplace(float *x, float scale, int64_t n, CudaStream s);
+// z[i] = (z[i] + t[i]) * scale (bit-exact)
+Status add_scale(float *z, const float *t, float scale, int64_t n, CudaStream s);
+// x[i] = cap * tanh(x[i] / cap) (tanh as in gelu_mul: within 1 ulp of libm's)
+Status softcap(float *x, int64_t n, float cap, CudaStream s);
+// dst[r][0, width) = src[r][col0, col0 + width); src: [n_rows][src_stride], dst: [n_rows][width].
+Status copy_cols(const float *src, int64_t src_stride, int64_t col0, float *dst, int64_t width, int n_rows,
+                 CudaStream s);
+
+// ---- KV cache rings -------------------------------------------------------------------------
+// A ring of `capacity` rows of row_elems elements of KvType t (kv_type.h gives the bytes of
+// each type; row_elems a multiple of 32); the row of absolute position p is at slot
+// p % capacity, at byte offset slot * kv_row_bytes(t, row_elems). K and V are separate rings
+// (their types may differ), so each call below handles one ring.
+
+// Rows src[r] (f32, [n_rows][row_elems]) stored at positions *pos0 + r, converted to t with
+// exactly kv_type.h's arithmetic. pos0: one int64 in device memory. n_rows <= capacity.
+Status kv_append(KvType t, void *ring, int64_t capacity, int64_t row_elems, const int64_t *pos0, int n_rows,
+                 const float *src, CudaStream s);
+// Device to device, by position: for p in [from, to), dst slot p % dst_capacity = src slot
+// p % src_capacity (the bytes, same type). to - from <= both capacities. (Pin checkpoints.)
+Status kv_copy_positions(KvType t, const void *src_ring, int64_t src_capacity, void *dst_ring,
+                         int64_t dst_capacity, int64_t row_elems, int64_t from, int64_t to, CudaStream s);
+// Ring <-> host, by position: the rows of [from, to) as one dense block of
+// (to - from) * kv_row_bytes(t, row_elems) bytes, in position order. (Snapshots.)
+// to - from <= capacity. The host buffer must stay valid until the stream passes the call.
+Status kv_read_positions(KvType t, const void *ring, int64_t capacity, int64_t row_elems, int64_t from,
+                         int64_t to, void *host_dst, CudaStream s);
+Status kv_write_positions(KvType t, void *ring, int64_t capacity, int64_t row_elems, int64_t from, int64_t to,
+                          const void *host_src, CudaStream s);
+
+// ---- attention ------------------------------------------------------------------------------
+
+// Causal, optionally sliding-window, GQA attention for n_rows queries (cpu::AttentionArgs
+// with typed rings and pos0 on the device).
+struct AttnArgs {
+  const float *q = nullptr;   // [n_rows][n_head][head_dim]; query r is at position *pos0 + r
+  const void *k = nullptr;    // K ring: [capacity][n_head_kv * head_dim] of k_type
+  const void *v = nullptr;    // V ring: the same shape, of v_type
+  KvType k_type = KvType::F32, v_type = KvType::F32;
+  float *out = nullptr;       // [n_rows][n_head][head_dim]
+  int n_rows = 0;
+  const int64_t *pos0 = nullptr;  // device: one int64
+  int64_t capacity = 0;       // ring rows; must hold every visible key (the last `window`)
+  int n_head = 0, n_head_kv = 0, head_dim = 0;  // n_head % n_head_kv == 0; head_dim % 32 == 0, <= 512
+  int window = 0;             // keys [max(0, p - window + 1), p] visible; 0 = [0, p]
+  float scale = 1.0f;
+};
+// One thread block per (query, head); the exact softmax of the CPU generic path (scores by
+// its 16-lane dot, bit-exact; max; exp; sum in double; weighted sum of V in key order per
+// dimension). Differs from the CPU only where exp (double, rounded once, vs libm's expf) or
+// the double sum's order change the last bit: relative error ~1e-6. Keys in tiles of 2048,
+// scores recomputed per pass beyond one tile.
+Status attention(const AttnArgs &a, CudaStream s);
+
+}  // namespace geist::cuda

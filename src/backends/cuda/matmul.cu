@@ -1,0 +1,341 @@
+// Matmul of GGUF weights as stored (every supported block format) and the embedding gather.
+//
+// Q8 mode reproduces quant/dot.cpp: each activation row is quantized by one warp per block
+// (quantize_q8_0 / quantize_q8_k), then one warp per (weight row n, 8 activation rows) walks
+// the super-blocks in order; within a block the integer products are summed across the
+// lanes (integer sums are exact, so their order is free) and the f32 scale math is done
+// exactly as dot_unpacked does it, block after block. F32 mode reproduces dot_f32 of
+// backends/cpu/ops.cpp: 16 partial sums, lane l taking elements l, l + 16, ... in order,
+// then the tree 8, 4, 2, 1; a half-warp is one such dot. Either way an output depends on
+// its own weight row and activation row only: batch invariant by construction.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <type_traits>
+
+#include "backends/cuda/common.cuh"
+
+namespace geist::cuda {
+namespace {
+
+using quant::GgmlType;
+constexpr unsigned kFull = 0xFFFFFFFFu;
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// Block geometry and activation format of the supported types, as quant/ggml_type.cpp and
+// quant::act_format give them (repeated here so that this library needs no symbol of
+// geist_core). Elements per activation block: 0 = f32 activations, else 32 (Q8_0) or 256 (Q8_K).
+struct TypeGeom {
+  int block;         // elements per weight block
+  int block_bytes;   // bytes per weight block
+  int act_block;     // 0, 32 or 256
+  const char *name;
+};
+bool type_geom(GgmlType t, TypeGeom *g) {
+  switch (t) {
+    case GgmlType::F32: *g = {1, 4, 0, "F32"}; return true;
+    case GgmlType::F16: *g = {1, 2, 0, "F16"}; return true;
+    case GgmlType::BF16: *g = {1, 2, 0, "BF16"}; return true;
+    case GgmlType::Q4_0: *g = {32, 18, 32, "Q4_0"}; return true;
+    case GgmlType::Q4_1: *g = {32, 20, 0, "Q4_1"}; return true;
+    case GgmlType::Q5_0: *g = {32, 22, 32, "Q5_0"}; return true;
+    case GgmlType::Q5_1: *g = {32, 24, 0, "Q5_1"}; return true;
+    case GgmlType::Q8_0: *g = {32, 34, 32, "Q8_0"}; return true;
+    case GgmlType::Q2_K: *g = {256, 84, 256, "Q2_K"}; return true;
+    case GgmlType::Q3_K: *g = {256, 110, 256, "Q3_K"}; return true;
+    case GgmlType::Q4_K: *g = {256, 144, 256, "Q4_K"}; return true;
+    case GgmlType::Q5_K: *g = {256, 176, 256, "Q5_K"}; return true;
+    case GgmlType::Q6_K: *g = {256, 210, 256, "Q6_K"}; return true;
+    default: return false;
+  }
+}
+
+// ---- activation quantizers: x [n_rows][K] -> q [n_rows][K] int8, d [n_rows][K / block] ----
+
+// One warp per 32-element block; lane j holds element j.
+__global__ void quantize_q8_0_kernel(const float *__restrict__ x, int64_t K, int n_rows, int8_t *__restrict__ q,
+                                     float *__restrict__ d) {
+  const int lane = threadIdx.x % 32;
+  const int64_t nb = K / 32;
+  const int64_t blk = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int r = blockIdx.y;
+  if (blk >= nb || r >= n_rows) return;  // whole warps exit together
+  const float v = x[size_t(r) * K + blk * 32 + lane];
+  float amax = fmaxf(0.0f, fabsf(v));  // fmaxf ignores NaN, as the CPU's `ax > amax` does
+  for (int o = 16; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
+  const float dd = __fdiv_rn(amax, 127.0f);
+  const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+  q[size_t(r) * K + blk * 32 + lane] = int8_t(dev::round_even(__fmul_rn(v, id)));
+  if (lane == 0) d[size_t(r) * nb + blk] = dev::fp16_to_fp32(dev::fp32_to_fp16(dd));
+}
+
+// One warp per 256-element block; lane j holds elements j + 32 t, t = 0..7.
+__global__ void quantize_q8_k_kernel(const float *__restrict__ x, int64_t K, int n_rows, int8_t *__restrict__ q,
+                                     float *__restrict__ d) {
+  const int lane = threadIdx.x % 32;
+  const int64_t nb = K / 256;
+  const int64_t blk = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int r = blockIdx.y;
+  if (blk >= nb || r >= n_rows) return;
+  const float *xb = x + size_t(r) * K + blk * 256;
+  float v[8];
+  float amax = 0.0f;
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    v[t] = xb[lane + 32 * t];
+    amax = fmaxf(amax, fabsf(v[t]));
+  }
+  for (int o = 16; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
+  // The first element (lowest index) of largest magnitude.
+  int first = 256;
+#pragma unroll
+  for (int t = 7; t >= 0; --t) {
+    if (fabsf(v[t]) == amax) first = lane + 32 * t;
+  }
+  for (int o = 16; o >= 1; o /= 2) first = min(first, __shfl_xor_sync(kFull, first, o));
+  int8_t *qb = q + size_t(r) * K + blk * 256;
+  if (amax == 0.0f || first == 256) {  // first == 256 only if amax is 0 (all zero or NaN)
+#pragma unroll
+    for (int t = 0; t < 8; ++t) qb[lane + 32 * t] = 0;
+    if (lane == 0) d[size_t(r) * nb + blk] = 0.0f;
+    return;
+  }
+  const float mx = __shfl_sync(kFull, v[first / 32], first % 32);
+  const float iscale = __fdiv_rn(-127.0f, mx);
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    const int qv = dev::round_even(__fmul_rn(iscale, v[t]));
+    qb[lane + 32 * t] = int8_t(qv < 127 ? qv : 127);
+  }
+  if (lane == 0) d[size_t(r) * nb + blk] = __fdiv_rn(1.0f, iscale);
+}
+
+// ---- Q8 matmul --------------------------------------------------------------------------------
+
+constexpr int kWarpsPerBlock = 4;  // output rows n per thread block
+constexpr int kRowsPerWarp = 8;    // activation rows per warp
+
+template <GgmlType T>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    matmul_q8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
+                     const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y, int n_rows) {
+  using BI = dev::BlockInfo<T>;
+  constexpr int kBs = BI::kBlock, kPer = kBs / 32;  // elements per lane per block
+  constexpr bool kMin = BI::kDminOff >= 0;
+  const int lane = threadIdx.x % 32;
+  const int64_t n = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int r0 = blockIdx.y * kRowsPerWarp;
+  if (n >= n_out) return;
+  const int nr = min(kRowsPerWarp, n_rows - r0);
+  const uint8_t *wrow = w + size_t(n) * row_bytes;
+  const int64_t nb = K / kBs;
+  float sum[kRowsPerWarp];
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) sum[i] = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t *blk = wrow + b * BI::kBytes;
+    int a[kPer], m[kPer];
+#pragma unroll
+    for (int t = 0; t < kPer; ++t) dev::unpack_elem<T>(blk, lane + 32 * t, &a[t], &m[t]);
+    const float dw = dev::fp16_to_fp32(dev::ld_u16(blk + BI::kDOff));
+    float dmin = 0.0f;
+    if constexpr (kMin) dmin = dev::fp16_to_fp32(dev::ld_u16(blk + BI::kDminOff));
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      if (i >= nr) break;  // uniform across the warp
+      const int8_t *qr = xq + size_t(r0 + i) * K + b * kBs;
+      int isum = 0, msum = 0;
+#pragma unroll
+      for (int t = 0; t < kPer; ++t) {
+        const int qv = qr[lane + 32 * t];
+        isum += a[t] * qv;
+        if constexpr (kMin) msum += m[t] * qv;
+      }
+      isum = dev::warp_sum_int(isum);
+      if constexpr (kMin) msum = dev::warp_sum_int(msum);
+      const float dx = xd[size_t(r0 + i) * nb + b];
+      // dot_unpacked: v = (d_w * d_x) * isum; v -= (dmin_w * d_x) * msum; sum += v.
+      float v = __fmul_rn(__fmul_rn(dw, dx), float(isum));
+      if constexpr (kMin) v = __fsub_rn(v, __fmul_rn(__fmul_rn(dmin, dx), float(msum)));
+      sum[i] = __fadd_rn(sum[i], v);
+    }
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      if (i < nr) y[size_t(r0 + i) * n_out + n] = sum[i];
+    }
+  }
+}
+
+// ---- F32 matmul (dequantized weights) ------------------------------------------------------
+
+constexpr int kRowsPerHalf = 4;  // activation rows per half-warp (8 per warp)
+
+template <GgmlType T>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    matmul_f32_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
+                      const float *__restrict__ x, float *__restrict__ y, int n_rows) {
+  const int lane = threadIdx.x % 32, l = lane % 16, half = lane / 16;
+  const int64_t n = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (n >= n_out) return;
+  const int r0 = blockIdx.y * kRowsPerWarp + half * kRowsPerHalf;
+  const int nr = max(0, min(kRowsPerHalf, n_rows - r0));
+  const uint8_t *wrow = w + size_t(n) * row_bytes;
+  float acc[kRowsPerHalf];
+#pragma unroll
+  for (int i = 0; i < kRowsPerHalf; ++i) acc[i] = 0.0f;
+  if (nr > 0) {
+    for (int64_t k = l; k < K; k += 16) {
+      const float wv = dev::dequant_elem<T>(wrow, k);
+#pragma unroll
+      for (int i = 0; i < kRowsPerHalf; ++i) {
+        if (i < nr) acc[i] = __fadd_rn(acc[i], __fmul_rn(wv, x[size_t(r0 + i) * K + k]));
+      }
+    }
+  }
+  // dot_f32's tree: acc[l] += acc[l + w] for w = 8, 4, 2, 1 (lane 0 ends with the sum).
+#pragma unroll
+  for (int i = 0; i < kRowsPerHalf; ++i) {
+#pragma unroll
+    for (int o = 8; o >= 1; o /= 2) acc[i] = __fadd_rn(acc[i], __shfl_down_sync(kFull, acc[i], o, 16));
+  }
+  if (l == 0) {
+#pragma unroll
+    for (int i = 0; i < kRowsPerHalf; ++i) {
+      if (i < nr) y[size_t(r0 + i) * n_out + n] = acc[i];
+    }
+  }
+}
+
+// ---- embedding gather ----------------------------------------------------------------------
+
+template <GgmlType T>
+__global__ void embed_kernel(const uint8_t *__restrict__ table, size_t row_bytes, int64_t n_in, int64_t n_out,
+                             const int32_t *__restrict__ ids, float scale, float *__restrict__ out) {
+  const int r = blockIdx.y;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n_in) return;
+  const int32_t id = ids[r];
+  float v = 0.0f;
+  if (id >= 0 && id < n_out) v = __fmul_rn(dev::dequant_elem<T>(table + size_t(id) * row_bytes, i), scale);
+  out[size_t(r) * n_in + i] = v;
+}
+
+// Calls f(std::integral_constant<GgmlType, T>{}) for the runtime type t; false if t is not supported.
+template <class F>
+bool dispatch_all(GgmlType t, F &&f) {
+  switch (t) {
+    case GgmlType::F32: f(std::integral_constant<GgmlType, GgmlType::F32>{}); return true;
+    case GgmlType::F16: f(std::integral_constant<GgmlType, GgmlType::F16>{}); return true;
+    case GgmlType::BF16: f(std::integral_constant<GgmlType, GgmlType::BF16>{}); return true;
+    case GgmlType::Q4_0: f(std::integral_constant<GgmlType, GgmlType::Q4_0>{}); return true;
+    case GgmlType::Q4_1: f(std::integral_constant<GgmlType, GgmlType::Q4_1>{}); return true;
+    case GgmlType::Q5_0: f(std::integral_constant<GgmlType, GgmlType::Q5_0>{}); return true;
+    case GgmlType::Q5_1: f(std::integral_constant<GgmlType, GgmlType::Q5_1>{}); return true;
+    case GgmlType::Q8_0: f(std::integral_constant<GgmlType, GgmlType::Q8_0>{}); return true;
+    case GgmlType::Q2_K: f(std::integral_constant<GgmlType, GgmlType::Q2_K>{}); return true;
+    case GgmlType::Q3_K: f(std::integral_constant<GgmlType, GgmlType::Q3_K>{}); return true;
+    case GgmlType::Q4_K: f(std::integral_constant<GgmlType, GgmlType::Q4_K>{}); return true;
+    case GgmlType::Q5_K: f(std::integral_constant<GgmlType, GgmlType::Q5_K>{}); return true;
+    case GgmlType::Q6_K: f(std::integral_constant<GgmlType, GgmlType::Q6_K>{}); return true;
+    default: return false;
+  }
+}
+
+// The types with an integer form (act_format Q8_0 or Q8_K).
+template <class F>
+bool dispatch_q8(GgmlType t, F &&f) {
+  switch (t) {
+    case GgmlType::Q4_0: f(std::integral_constant<GgmlType, GgmlType::Q4_0>{}); return true;
+    case GgmlType::Q5_0: f(std::integral_constant<GgmlType, GgmlType::Q5_0>{}); return true;
+    case GgmlType::Q8_0: f(std::integral_constant<GgmlType, GgmlType::Q8_0>{}); return true;
+    case GgmlType::Q2_K: f(std::integral_constant<GgmlType, GgmlType::Q2_K>{}); return true;
+    case GgmlType::Q3_K: f(std::integral_constant<GgmlType, GgmlType::Q3_K>{}); return true;
+    case GgmlType::Q4_K: f(std::integral_constant<GgmlType, GgmlType::Q4_K>{}); return true;
+    case GgmlType::Q5_K: f(std::integral_constant<GgmlType, GgmlType::Q5_K>{}); return true;
+    case GgmlType::Q6_K: f(std::integral_constant<GgmlType, GgmlType::Q6_K>{}); return true;
+    default: return false;
+  }
+}
+
+Status check_matrix(const DevMatrix &w, const char *op) {
+  TypeGeom tg;
+  if (!type_geom(w.type, &tg)) {
+    return Status(GEIST_E_UNSUPPORTED, std::string(op) + ": weight type " +
+                                           std::to_string(static_cast<uint32_t>(w.type)) +
+                                           " is not supported by the CUDA kernels");
+  }
+  if (w.data == nullptr || w.n_in <= 0 || w.n_out <= 0 || w.n_in % tg.block != 0 ||
+      w.row_bytes < size_t(w.n_in / tg.block) * size_t(tg.block_bytes)) {
+    return bad_arg(std::string(op) + ": bad weight view (null data, bad shape or row_bytes)");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+bool matmul_supported(GgmlType t) {
+  TypeGeom tg;
+  return type_geom(t, &tg);
+}
+
+size_t matmul_scratch_bytes(const DevMatrix &w, int max_rows) {
+  TypeGeom tg;
+  if (!type_geom(w.type, &tg) || tg.act_block == 0 || max_rows <= 0) return 0;
+  const size_t rows = size_t(max_rows);
+  const size_t nd = size_t(w.n_in / tg.act_block);
+  return align_up(rows * size_t(w.n_in), 256) + rows * nd * sizeof(float);
+}
+
+Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode mode, void *scratch,
+              CudaStream s) {
+  GEIST_RETURN_IF_ERROR(check_matrix(w, "cuda::matmul"));
+  if (n_rows < 0 || (n_rows > 0 && (x == nullptr || y == nullptr))) return bad_arg("cuda::matmul: bad rows or null x/y");
+  if (n_rows == 0) return Status::ok();
+  const int64_t K = w.n_in;
+  const dim3 grid(unsigned((w.n_out + kWarpsPerBlock - 1) / kWarpsPerBlock),
+                  unsigned((n_rows + kRowsPerWarp - 1) / kRowsPerWarp));
+  const dim3 block(kWarpsPerBlock * 32);
+  TypeGeom tg;
+  type_geom(w.type, &tg);
+  if (mode == ActMode::F32 || tg.act_block == 0) {
+    dispatch_all(w.type, [&](auto tag) {
+      constexpr GgmlType T = decltype(tag)::value;
+      matmul_f32_kernel<T><<<grid, block, 0, s>>>(w.data, w.row_bytes, K, w.n_out, x, y, n_rows);
+    });
+    return launch_status("cuda::matmul (f32)");
+  }
+  if (scratch == nullptr) return bad_arg("cuda::matmul: Q8 mode needs scratch (matmul_scratch_bytes)");
+  const int bs = tg.act_block;
+  auto *xq = static_cast<int8_t *>(scratch);
+  auto *xd = reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + align_up(size_t(n_rows) * K, 256));
+  const int64_t nb = K / bs;
+  const dim3 qgrid(unsigned((nb + 3) / 4), unsigned(n_rows));
+  if (bs == 32) {
+    quantize_q8_0_kernel<<<qgrid, 128, 0, s>>>(x, K, n_rows, xq, xd);
+  } else {
+    quantize_q8_k_kernel<<<qgrid, 128, 0, s>>>(x, K, n_rows, xq, xd);
+  }
+  GEIST_RETURN_IF_ERROR(launch_status("cuda::matmul (quantize activations)"));
+  dispatch_q8(w.type, [&](auto tag) {
+    constexpr GgmlType T = decltype(tag)::value;
+    matmul_q8_kernel<T><<<grid, block, 0, s>>>(w.data, w.row_bytes, K, w.n_out, xq, xd, y, n_rows);
+  });
+  return launch_status("cuda::matmul (q8)");
+}
+
+Status embed(const DevMatrix &table, const int32_t *ids, int n, float scale, float *out, CudaStream s) {
+  GEIST_RETURN_IF_ERROR(check_matrix(table, "cuda::embed"));
+  if (n < 0 || (n > 0 && (ids == nullptr || out == nullptr))) return bad_arg("cuda::embed: bad n or null ids/out");
+  if (n == 0) return Status::ok();
+  const dim3 grid(unsigned((table.n_in + 255) / 256), unsigned(n));
+  dispatch_all(table.type, [&](auto tag) {
+    constexpr GgmlType T = decltype(tag)::value;
+    embed_kernel<T><<<grid, 256, 0, s>>>(table.data, table.row_bytes, table.n_in, table.n_out, ids, scale, out);
+  });
+  return launch_status("cuda::embed");
+}
+
+}  // namespace geist::cuda

@@ -1,0 +1,800 @@
+// CUDA kernels (backends/cuda/kernels.h) against the CPU generic oracle, in the style of
+// llama.cpp's test-backend-ops: every op and every weight/KV type over ragged shapes, seeded
+// random inputs, bit-exact (memcmp) wherever the kernels reproduce the CPU's arithmetic and
+// a tolerance, with its reason, where they cannot. Plus batch invariance on the device: rows
+// computed in one call and in chunks must be memcmp-equal.
+//
+// Built without CUDA every test SKIPs ("built without CUDA"); built with CUDA on a machine
+// without a usable device every test SKIPs with the CUDA error. Each test prints one
+// "RESULT op type: ..." line per (op, type) with its case count and largest error.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+#if defined(GEIST_HAVE_CUDA) && GEIST_HAVE_CUDA
+#define GEIST_TEST_CUDA 1
+#else
+#define GEIST_TEST_CUDA 0
+#endif
+
+#include "backends/cpu/ops.h"
+#include "backends/cuda/kernels.h"
+#include "backends/kv_type.h"
+#include "base/thread_pool.h"
+#include "quant/dot.h"
+#include "quant/quant.h"
+
+namespace geist {
+namespace {
+
+using quant::GgmlType;
+namespace cu = geist::cuda;
+
+// Without CUDA a test's body becomes an uninstantiated template (parsed, never compiled to
+// calls, so nothing from the absent kernel library is linked) and the test itself skips.
+#if GEIST_TEST_CUDA
+#define CUDA_TEST(suite, name) TEST(suite, name)
+#else
+#define CUDA_TEST(suite, name)                                        \
+  TEST(suite, name) { GEIST_SKIP("built without CUDA (-DGEIST_CUDA=ON)"); } \
+  template <int>                                                      \
+  [[maybe_unused]] void suite##_##name##_body()
+#endif
+
+// ---- device setup -------------------------------------------------------------------------
+
+struct CudaEnv {
+  bool ok = false;
+  std::string reason;
+  cu::CudaStream s = nullptr;
+};
+
+inline const CudaEnv &cuda_env() {
+  static CudaEnv env = [] {
+    CudaEnv e;
+    Result<int> n = cu::device_count();
+    if (!n) {
+      e.reason = "no usable CUDA device: " + n.status().message();
+      return e;
+    }
+    if (*n == 0) {
+      e.reason = "no CUDA device";
+      return e;
+    }
+    Status st = cu::set_device(0);
+    Result<cu::DeviceInfo> info = cu::device_info(0);
+    if (!st || !info) {
+      e.reason = !st ? st.message() : info.status().message();
+      return e;
+    }
+    Result<cu::CudaStream> s = cu::stream_create();
+    if (!s) {
+      e.reason = s.status().message();
+      return e;
+    }
+    e.s = *s;
+    // One launch, to learn now whether the build has a kernel image for this device.
+    Result<void *> p = cu::device_alloc(4);
+    if (!p) {
+      e.reason = p.status().message();
+      return e;
+    }
+    Status run = cu::scale_inplace(static_cast<float *>(*p), 1.0f, 1, e.s);
+    if (run) run = cu::stream_sync(e.s);
+    cu::device_free(*p);
+    if (!run) {
+      e.reason = run.message();
+      return e;
+    }
+    std::printf("CUDA device: %s\n", cu::describe(*info).c_str());
+    e.ok = true;
+    return e;
+  }();
+  return env;
+}
+
+#define REQUIRE_CUDA()                                        \
+  do {                                                        \
+    if (!cuda_env().ok) GEIST_SKIP(cuda_env().reason);        \
+  } while (0)
+#define CU_OK(expr)                                           \
+  do {                                                        \
+    ::geist::Status st_ = (expr);                             \
+    ASSERT_TRUE(st_.is_ok()) << #expr << ": " << st_.message(); \
+  } while (0)
+
+// A device buffer (throws on failure: gtest reports the exception as the test's failure).
+class DevBuf {
+ public:
+  explicit DevBuf(size_t bytes) : bytes_(bytes) {
+    Result<void *> r = cu::device_alloc(bytes);
+    if (!r) throw std::runtime_error(r.status().message());
+    p_ = *r;
+  }
+  template <class T>
+  explicit DevBuf(const std::vector<T> &v) : DevBuf(v.size() * sizeof(T)) {
+    put(v.data(), bytes_);
+  }
+  ~DevBuf() { cu::device_free(p_); }
+  DevBuf(const DevBuf &) = delete;
+  DevBuf &operator=(const DevBuf &) = delete;
+  template <class T = void>
+  T *as() const {
+    return static_cast<T *>(p_);
+  }
+  void put(const void *src, size_t n) const {
+    Status st = cu::upload(p_, src, n);
+    if (!st) throw std::runtime_error(st.message());
+  }
+  template <class T>
+  std::vector<T> get(size_t n) const {
+    std::vector<T> v(n);
+    Status st = cu::stream_sync(cuda_env().s);
+    if (st) st = cu::download(v.data(), p_, n * sizeof(T));
+    if (!st) throw std::runtime_error(st.message());
+    return v;
+  }
+
+ private:
+  void *p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Helpers are `inline`: a build without CUDA leaves them unused (no warning, nothing emitted).
+
+// ---- random inputs and comparison ---------------------------------------------------------
+
+// test::random_row, with the f16 offsets of Q4_1/Q5_1 (random bytes there) made finite too.
+inline std::vector<uint8_t> random_matrix(GgmlType t, int64_t k, int64_t n, std::mt19937 &rng) {
+  std::vector<uint8_t> out;
+  std::uniform_real_distribution<float> off(-0.05f, 0.05f);
+  for (int64_t r = 0; r < n; ++r) {
+    std::vector<uint8_t> row = test::random_row(t, k, rng);
+    if (t == GgmlType::Q4_1 || t == GgmlType::Q5_1) {
+      const size_t bb = quant::traits(t).block_bytes;
+      for (size_t b = 0; b < row.size() / bb; ++b) {
+        const uint16_t h = quant::fp32_to_fp16(off(rng));
+        std::memcpy(row.data() + b * bb + 2, &h, 2);
+      }
+    }
+    out.insert(out.end(), row.begin(), row.end());
+  }
+  return out;
+}
+
+// n normal floats times a per-row scale over several magnitudes; row 5 (if present) is all
+// zeros and row 6 has one large outlier (edge cases of the activation quantizers).
+inline std::vector<float> random_acts(int n_rows, int64_t k, std::mt19937 &rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_int_distribution<int> ex(-6, 4);
+  std::vector<float> x(size_t(n_rows) * k);
+  for (int r = 0; r < n_rows; ++r) {
+    const float sc = std::ldexp(1.0f, ex(rng));
+    for (int64_t i = 0; i < k; ++i) x[size_t(r) * k + i] = r == 5 ? 0.0f : nd(rng) * sc;
+    if (r == 6) x[size_t(r) * k + k / 2] = 1000.0f;
+  }
+  return x;
+}
+
+inline std::vector<float> randn(size_t n, std::mt19937 &rng, float scale = 1.0f) {
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto &e : v) e = nd(rng);
+  return v;
+}
+
+// Per (op, type) statistics, printed as one RESULT line.
+struct Stats {
+  std::string name;
+  int cases = 0;
+  size_t elems = 0, exact = 0;
+  double max_abs = 0, max_rel = 0;
+  void add(const float *got, const float *want, size_t n) {
+    ++cases;
+    for (size_t i = 0; i < n; ++i) {
+      ++elems;
+      if (std::memcmp(&got[i], &want[i], 4) == 0) {
+        ++exact;
+        continue;
+      }
+      const double d = std::fabs(double(got[i]) - double(want[i]));
+      max_abs = std::max(max_abs, d);
+      max_rel = std::max(max_rel, d / std::max(1e-30, std::fabs(double(want[i]))));
+    }
+  }
+  ~Stats() {
+    if (cases == 0) return;
+    std::printf("RESULT %-28s %4d cases %9zu values: %s, max |err| %.3g, max rel %.3g\n", name.c_str(), cases,
+                elems, exact == elems ? "bit-exact" : (std::to_string(elems - exact) + " differ").c_str(), max_abs,
+                max_rel);
+  }
+};
+
+inline ::testing::AssertionResult bits_equal(const float *got, const float *want, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (std::memcmp(&got[i], &want[i], 4) != 0) {
+      return ::testing::AssertionFailure() << "first difference at " << i << ": " << got[i] << " vs " << want[i]
+                                           << " (" << n << " values)";
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+const int kRowCounts[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 130};
+constexpr int kMaxRows = 130;
+
+const GgmlType kAllTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
+                              GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
+                              GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+
+// K values per type: several block counts, including odd ones.
+inline std::vector<int64_t> k_values(GgmlType t) {
+  const int64_t bs = quant::traits(t).block_size;
+  if (bs == 256) return {256, 768, 2560};
+  if (bs == 32) return {32, 96, 640, 1056};
+  return {16, 200, 640, 1003};  // float types take any K: tails of dot_f32's 16 lanes
+}
+
+inline WeightView view_of(const std::vector<uint8_t> &w, GgmlType t, int64_t k, int64_t n) {
+  WeightView v;
+  v.data = w.data();
+  v.type = t;
+  v.n_in = k;
+  v.n_out = n;
+  v.row_bytes = quant::row_bytes(t, k);
+  return v;
+}
+
+inline cu::DevMatrix dev_matrix(const DevBuf &b, GgmlType t, int64_t k, int64_t n) {
+  cu::DevMatrix m;
+  m.data = b.as<uint8_t>();
+  m.type = t;
+  m.n_in = k;
+  m.n_out = n;
+  m.row_bytes = quant::row_bytes(t, k);
+  return m;
+}
+
+// The CPU activation mode for one scope.
+struct ActModeScope {
+  cpu::ActivationMode saved = cpu::activation_mode();
+  explicit ActModeScope(cpu::ActivationMode m) { cpu::set_activation_mode(m); }
+  ~ActModeScope() { cpu::set_activation_mode(saved); }
+};
+
+// ---- tests ----------------------------------------------------------------------------------
+
+CUDA_TEST(CudaOps, DeviceAndErrors) {
+  REQUIRE_CUDA();
+  Result<cu::DeviceInfo> info = cu::device_info(0);
+  ASSERT_TRUE(info.is_ok());
+  EXPECT_GT(info->sm_count, 0);
+  EXPECT_GT(info->runtime_version, 0);
+  // Asking for far more memory than exists is a clean OUT_OF_MEMORY naming the CUDA error,
+  // and leaves the device usable.
+  Result<void *> huge = cu::device_alloc(size_t(1) << 50);
+  ASSERT_FALSE(huge.is_ok());
+  EXPECT_EQ(huge.status().code(), GEIST_E_OUT_OF_MEMORY);
+  EXPECT_NE(huge.status().message().find("cudaErrorMemoryAllocation"), std::string::npos) << huge.status().message();
+  std::printf("out-of-memory message: %s\n", huge.status().message().c_str());
+  DevBuf b(std::vector<float>{1.0f, 2.0f});
+  CU_OK(cu::scale_inplace(b.as<float>(), 3.0f, 2, cuda_env().s));
+  EXPECT_EQ(b.get<float>(2), (std::vector<float>{3.0f, 6.0f}));
+  // Bad arguments are refused before any launch.
+  cu::DevMatrix m;
+  m.type = GgmlType::IQ2_XXS;
+  EXPECT_EQ(cu::matmul(m, nullptr, nullptr, 1, cu::ActMode::Q8, nullptr, cuda_env().s).code(), GEIST_E_UNSUPPORTED);
+  cu::AttnArgs a;
+  a.n_rows = 1;
+  a.n_head = 3;
+  a.n_head_kv = 2;
+  EXPECT_EQ(cu::attention(a, cuda_env().s).code(), GEIST_E_INVALID_ARGUMENT);
+}
+
+// Matmul, every type, both activation modes, K over several block counts, every row count:
+// bit-exact against cpu::matmul_generic (the same integer block sums and f32 scale math in the
+// same order in Q8 mode; dot_f32's 16 lanes and tree over dequantize_row's values in F32 mode).
+// The CPU oracle runs once for 130 rows; it is batch invariant, so its first n rows are the
+// oracle for an n-row call.
+CUDA_TEST(CudaOps, MatmulEveryTypeBitExact) {
+  REQUIRE_CUDA();
+  ThreadPool pool(4);
+  std::mt19937 rng(1234);
+  const int64_t kN = 67;  // output rows: not a multiple of the 4 per thread block
+  for (cu::ActMode mode : {cu::ActMode::Q8, cu::ActMode::F32}) {
+    ActModeScope scope(mode == cu::ActMode::Q8 ? cpu::ActivationMode::Q8 : cpu::ActivationMode::F32);
+    for (GgmlType t : kAllTypes) {
+      Stats st{std::string("matmul ") + quant::type_name(t) + (mode == cu::ActMode::Q8 ? " q8" : " f32")};
+      for (int64_t k : k_values(t)) {
+        SCOPED_TRACE(std::string(quant::type_name(t)) + " K=" + std::to_string(k));
+        const std::vector<uint8_t> w = random_matrix(t, k, kN, rng);
+        const std::vector<float> x = random_acts(kMaxRows, k, rng);
+        std::vector<float> want(size_t(kMaxRows) * kN);
+        cpu::matmul_generic(view_of(w, t, k, kN), x.data(), want.data(), kMaxRows, pool);
+        DevBuf dw(w), dx(x), dy(want.size() * 4);
+        const cu::DevMatrix m = dev_matrix(dw, t, k, kN);
+        DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m, kMaxRows)));
+        for (int n : kRowCounts) {
+          CU_OK(cu::memset_async(dy.as(), 0xFF, want.size() * 4, cuda_env().s));
+          CU_OK(cu::matmul(m, dx.as<float>(), dy.as<float>(), n, mode, scratch.as(), cuda_env().s));
+          const std::vector<float> got = dy.get<float>(size_t(n) * kN);
+          st.add(got.data(), want.data(), got.size());
+          ASSERT_TRUE(bits_equal(got.data(), want.data(), got.size())) << "n_rows " << n;
+        }
+      }
+    }
+  }
+}
+
+// A range of output rows is a view of the matrix (DevMatrix comment): equal to cpu::matmul_range.
+CUDA_TEST(CudaOps, MatmulRowRangeView) {
+  REQUIRE_CUDA();
+  ThreadPool pool(4);
+  std::mt19937 rng(77);
+  const int64_t k = 512, n = 300, n0 = 37, n1 = 201;
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F16}) {
+    const std::vector<uint8_t> w = random_matrix(t, k, n, rng);
+    const std::vector<float> x = random_acts(9, k, rng);
+    std::vector<float> want(size_t(9) * (n1 - n0));
+    cpu::matmul_range(view_of(w, t, k, n), x.data(), want.data(), 9, n0, n1, pool);
+    // matmul_range runs the generic path unless the weight is packed (it is not here).
+    DevBuf dw(w), dx(x), dy(want.size() * 4);
+    cu::DevMatrix m = dev_matrix(dw, t, k, n);
+    m.data += n0 * m.row_bytes;
+    m.n_out = n1 - n0;
+    DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m, 9)));
+    const cu::ActMode mode = cpu::activation_mode() == cpu::ActivationMode::Q8 ? cu::ActMode::Q8 : cu::ActMode::F32;
+    CU_OK(cu::matmul(m, dx.as<float>(), dy.as<float>(), 9, mode, scratch.as(), cuda_env().s));
+    const std::vector<float> got = dy.get<float>(want.size());
+    EXPECT_TRUE(bits_equal(got.data(), want.data(), want.size())) << quant::type_name(t);
+  }
+}
+
+// Batch invariance on the device: rows [0, 130) in one call and in chunks of 1, 3, 7, 64
+// (the chunk calls reading and writing at row offsets) must be memcmp-equal.
+CUDA_TEST(CudaOps, MatmulBatchInvariantOnDevice) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(99);
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::F16, GgmlType::BF16}) {
+    for (cu::ActMode mode : {cu::ActMode::Q8, cu::ActMode::F32}) {
+      const int64_t k = 1024, n = 131;
+      const std::vector<uint8_t> w = random_matrix(t, k, n, rng);
+      const std::vector<float> x = random_acts(kMaxRows, k, rng);
+      DevBuf dw(w), dx(x), dy(size_t(kMaxRows) * n * 4), dy2(size_t(kMaxRows) * n * 4);
+      const cu::DevMatrix m = dev_matrix(dw, t, k, n);
+      DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m, kMaxRows)));
+      CU_OK(cu::matmul(m, dx.as<float>(), dy.as<float>(), kMaxRows, mode, scratch.as(), cuda_env().s));
+      const std::vector<float> whole = dy.get<float>(size_t(kMaxRows) * n);
+      for (int chunk : {1, 3, 7, 64}) {
+        CU_OK(cu::memset_async(dy2.as(), 0, size_t(kMaxRows) * n * 4, cuda_env().s));
+        for (int r0 = 0; r0 < kMaxRows; r0 += chunk) {
+          const int nr = std::min(chunk, kMaxRows - r0);
+          CU_OK(cu::matmul(m, dx.as<float>() + size_t(r0) * k, dy2.as<float>() + size_t(r0) * n, nr, mode,
+                           scratch.as(), cuda_env().s));
+        }
+        const std::vector<float> parts = dy2.get<float>(whole.size());
+        ASSERT_TRUE(bits_equal(parts.data(), whole.data(), whole.size()))
+            << quant::type_name(t) << " chunk " << chunk << (mode == cu::ActMode::Q8 ? " q8" : " f32");
+      }
+    }
+  }
+}
+
+// Embedding gather, every type: cpu::embedding_gather's bits; ids outside [0, n_out) give
+// zero rows.
+CUDA_TEST(CudaOps, EmbedEveryTypeBitExact) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(5);
+  for (GgmlType t : kAllTypes) {
+    Stats st{std::string("embed ") + quant::type_name(t)};
+    const int64_t k = quant::traits(t).block_size == 256 ? 512 : 640, n_vocab = 50;
+    const std::vector<uint8_t> w = random_matrix(t, k, n_vocab, rng);
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 37; ++i) ids.push_back(int32_t(rng() % n_vocab));
+    ids[3] = int32_t(n_vocab);  // out of range: zero row
+    ids[9] = -1;
+    ids[10] = 1 << 30;
+    const float scale = 25.298221f;  // sqrt(640), as Gemma scales embeddings
+    std::vector<float> want(ids.size() * k, 0.0f);
+    for (size_t r = 0; r < ids.size(); ++r) {
+      if (ids[r] < 0 || ids[r] >= n_vocab) continue;
+      cpu::embedding_gather(view_of(w, t, k, n_vocab), &ids[r], 1, scale, want.data() + r * k);
+    }
+    DevBuf dw(w), di(ids), dout(want.size() * 4);
+    CU_OK(cu::embed(dev_matrix(dw, t, k, n_vocab), di.as<int32_t>(), int(ids.size()), scale, dout.as<float>(),
+                    cuda_env().s));
+    const std::vector<float> got = dout.get<float>(want.size());
+    st.add(got.data(), want.data(), got.size());
+    EXPECT_TRUE(bits_equal(got.data(), want.data(), want.size())) << quant::type_name(t);
+  }
+}
+
+// RMSNorm: cpu::rmsnorm_to's bits (the double sum of squares is taken in the CPU's order).
+CUDA_TEST(CudaOps, RmsNormBitExact) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(11);
+  Stats st{"rmsnorm"};
+  for (int64_t dim : {32, 64, 256, 512, 640, 1000, 2560}) {
+    for (int n_vec : {1, 7, 130}) {
+      for (bool with_g : {true, false}) {
+        std::vector<float> x = randn(size_t(n_vec) * dim, rng, 3.0f), g = randn(dim, rng);
+        std::vector<float> want(x.size());
+        cpu::rmsnorm_to(x.data(), with_g ? g.data() : nullptr, want.data(), n_vec, dim, 1e-6f);
+        DevBuf dx(x), dg(g), dout(x.size() * 4);
+        CU_OK(cu::rmsnorm(dx.as<float>(), with_g ? dg.as<float>() : nullptr, dout.as<float>(), n_vec, dim, 1e-6f,
+                          cuda_env().s));
+        std::vector<float> got = dout.get<float>(x.size());
+        st.add(got.data(), want.data(), got.size());
+        ASSERT_TRUE(bits_equal(got.data(), want.data(), want.size())) << "dim " << dim << " n " << n_vec;
+        // In place gives the same.
+        CU_OK(cu::rmsnorm(dx.as<float>(), with_g ? dg.as<float>() : nullptr, dx.as<float>(), n_vec, dim, 1e-6f,
+                          cuda_env().s));
+        got = dx.get<float>(x.size());
+        ASSERT_TRUE(bits_equal(got.data(), want.data(), want.size())) << "in place, dim " << dim;
+      }
+    }
+  }
+}
+
+// RoPE (NEOX), full and partial rotation: cpu::rope_neox's bits.
+CUDA_TEST(CudaOps, RopeNeoxBitExact) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(12);
+  Stats st{"rope_neox"};
+  for (int head_dim : {32, 64, 256, 512}) {
+    for (int rot_dim : {head_dim, head_dim / 4}) {
+      for (int n_rows : {1, 7, 130}) {
+        const int n_heads = head_dim >= 256 ? 4 : 8;
+        cpu::RopeTable table;
+        table.init(1e6, rot_dim, 1.0, nullptr);
+        std::vector<float> cs(size_t(n_rows) * rot_dim);
+        table.fill(int64_t(rng() % 100000), n_rows, cs.data());
+        std::vector<float> x = randn(size_t(n_rows) * n_heads * head_dim, rng), want = x;
+        cpu::rope_neox(want.data(), n_rows, n_heads, head_dim, rot_dim, cs.data());
+        DevBuf dx(x), dcs(cs);
+        CU_OK(cu::rope_neox(dx.as<float>(), n_rows, n_heads, head_dim, rot_dim, dcs.as<float>(), cuda_env().s));
+        const std::vector<float> got = dx.get<float>(x.size());
+        st.add(got.data(), want.data(), got.size());
+        ASSERT_TRUE(bits_equal(got.data(), want.data(), want.size())) << "hd " << head_dim << " rot " << rot_dim;
+      }
+    }
+  }
+}
+
+// Elementwise ops. add/scale/add_scale/copy_cols: bit-exact (one rounding each, as on the
+// CPU). gelu_mul and softcap use tanh: the device evaluates it in double and rounds once,
+// libm's tanhf is within an ulp or two of that, so t = tanh(u) may differ by up to ~3 ulp of
+// 1 (|dt| <= 3 * 2^-24). The tolerance follows: gelu |d out| <= 0.5 |g up| |dt| + 4 ulp(out)
+// (1 + t cancels for negative u, so the error is absolute in |g up|, not relative to out);
+// softcap |d out| <= cap |dt| + 2 ulp(out).
+CUDA_TEST(CudaOps, ElementwiseOps) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(13);
+  cu::CudaStream s = cuda_env().s;
+  const double dt = 3.0 * std::ldexp(1.0, -24);
+  auto ulp = [](float v) { return std::ldexp(1.0, std::max(-149, std::ilogb(std::max(std::fabs(v), 1e-38f)) - 23)); };
+  for (int64_t n : {1, 31, 1000, 100003}) {
+    const std::vector<float> a = randn(n, rng, 2.0f), b = randn(n, rng, 2.0f);
+    DevBuf da(a), db(b), dout(n * 4);
+    {  // add_inplace
+      std::vector<float> want = a;
+      cpu::add_inplace(want.data(), b.data(), n);
+      DevBuf dz(a);
+      CU_OK(cu::add_inplace(dz.as<float>(), db.as<float>(), n, s));
+      EXPECT_TRUE(bits_equal(dz.get<float>(n).data(), want.data(), n)) << "add_inplace";
+    }
+    {  // scale_inplace, add_scale: z = (z + t) * s as the Gemma 4 per-layer input does it
+      std::vector<float> want(n), want2(n);
+      for (int64_t i = 0; i < n; ++i) want[i] = a[i] * 0.70710678f;
+      for (int64_t i = 0; i < n; ++i) want2[i] = (a[i] + b[i]) * 0.70710678f;
+      DevBuf dz(a), dz2(a);
+      CU_OK(cu::scale_inplace(dz.as<float>(), 0.70710678f, n, s));
+      CU_OK(cu::add_scale(dz2.as<float>(), db.as<float>(), 0.70710678f, n, s));
+      EXPECT_TRUE(bits_equal(dz.get<float>(n).data(), want.data(), n)) << "scale_inplace";
+      EXPECT_TRUE(bits_equal(dz2.get<float>(n).data(), want2.data(), n)) << "add_scale";
+    }
+    {  // gelu_mul
+      Stats st{"gelu_mul n=" + std::to_string(n)};
+      std::vector<float> want(n);
+      cpu::gelu_mul(a.data(), b.data(), want.data(), n);
+      CU_OK(cu::gelu_mul(da.as<float>(), db.as<float>(), dout.as<float>(), n, s));
+      const std::vector<float> got = dout.get<float>(n);
+      st.add(got.data(), want.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double tol = 0.5 * std::fabs(double(a[i]) * b[i]) * dt + 4 * ulp(want[i]);
+        ASSERT_LE(std::fabs(double(got[i]) - want[i]), tol) << "gelu_mul i " << i << " g " << a[i];
+      }
+    }
+    {  // softcap (Gemma's final logits: cap 30, inputs over +-100)
+      Stats st{"softcap n=" + std::to_string(n)};
+      const float cap = 30.0f;
+      std::vector<float> in(n), want(n);
+      for (int64_t i = 0; i < n; ++i) in[i] = a[i] * 25.0f;
+      for (int64_t i = 0; i < n; ++i) want[i] = cap * std::tanh(in[i] / cap);
+      DevBuf dz(in);
+      CU_OK(cu::softcap(dz.as<float>(), n, cap, s));
+      const std::vector<float> got = dz.get<float>(n);
+      st.add(got.data(), want.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_LE(std::fabs(double(got[i]) - want[i]), cap * dt + 2 * ulp(want[i])) << "softcap i " << i;
+      }
+    }
+  }
+  {  // copy_cols
+    const int n_rows = 33;
+    const int64_t stride = 700, col0 = 123, width = 333;
+    const std::vector<float> src = randn(size_t(n_rows) * stride, rng);
+    std::vector<float> want(size_t(n_rows) * width);
+    for (int r = 0; r < n_rows; ++r) {
+      std::memcpy(&want[size_t(r) * width], &src[size_t(r) * stride + col0], width * 4);
+    }
+    DevBuf dsrc(src), ddst(want.size() * 4);
+    CU_OK(cu::copy_cols(dsrc.as<float>(), stride, col0, ddst.as<float>(), width, n_rows, s));
+    EXPECT_TRUE(bits_equal(ddst.get<float>(want.size()).data(), want.data(), want.size())) << "copy_cols";
+  }
+}
+
+// ---- KV rings -----------------------------------------------------------------------------
+
+// kv_type.h's BF16 rounding: nearest even on the top 16 bits; a NaN stays a quiet NaN.
+inline uint16_t bf16_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return uint16_t((u >> 16) | 0x40u);
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// One row of n floats in KvType t's bytes, from kv_type.h's description (Q8_0 through the
+// activation quantizer quant::quantize_row_to, whose d is the f16-rounded scale).
+inline std::vector<uint8_t> kv_encode(KvType t, const float *x, int64_t n) {
+  std::vector<uint8_t> out(kv_row_bytes(t, n));
+  switch (t) {
+    case KvType::F32: std::memcpy(out.data(), x, n * 4); break;
+    case KvType::F16:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = quant::fp32_to_fp16(x[i]);
+        std::memcpy(&out[2 * i], &h, 2);
+      }
+      break;
+    case KvType::BF16:
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t h = bf16_bits(x[i]);
+        std::memcpy(&out[2 * i], &h, 2);
+      }
+      break;
+    case KvType::Q8_0: {
+      std::vector<float> d(n / 32);
+      std::vector<int8_t> q(n);
+      quant::quantize_row_to(quant::ActFormat::Q8_0, x, n, d.data(), q.data());
+      for (int64_t b = 0; b < n / 32; ++b) {
+        const uint16_t h = quant::fp32_to_fp16(d[b]);
+        std::memcpy(&out[34 * b], &h, 2);
+        std::memcpy(&out[34 * b + 2], &q[32 * b], 32);
+      }
+      break;
+    }
+  }
+  return out;
+}
+
+// A row of KvType t's bytes back to f32 (the CPU attention's view of a typed cache).
+inline void kv_decode(KvType t, const uint8_t *row, int64_t n, float *out) {
+  switch (t) {
+    case KvType::F32: std::memcpy(out, row, n * 4); break;
+    case KvType::F16: quant::dequantize_row(GgmlType::F16, row, out, n); break;
+    case KvType::BF16: quant::dequantize_row(GgmlType::BF16, row, out, n); break;
+    case KvType::Q8_0: quant::dequantize_row(GgmlType::Q8_0, row, out, n); break;
+  }
+}
+
+const KvType kKvTypes[] = {KvType::F32, KvType::F16, KvType::BF16, KvType::Q8_0};
+
+// kv_append: rows land at (pos0 + r) % capacity with exactly kv_type.h's bytes, wrapping the
+// ring; untouched slots keep their bytes. Then positions move ring <-> host and ring -> ring.
+CUDA_TEST(CudaOps, KvAppendCopyReadWrite) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(21);
+  cu::CudaStream s = cuda_env().s;
+  for (KvType t : kKvTypes) {
+    for (int64_t row_elems : {32, 256, 2048}) {
+      const int64_t cap = 10;
+      const size_t rb = kv_row_bytes(t, row_elems);
+      std::vector<uint8_t> ring(cap * rb, 0xAB);
+      DevBuf dring(ring);
+      for (auto [pos0, n_rows] : std::vector<std::pair<int64_t, int>>{{7, 5}, {20, 1}, {33, 10}, {0, 3}}) {
+        std::vector<float> x = randn(size_t(n_rows) * row_elems, rng, 4.0f);
+        if (n_rows > 1) std::fill(x.begin() + row_elems, x.begin() + row_elems + 32, 0.0f);  // a zero block
+        for (int r = 0; r < n_rows; ++r) {
+          const std::vector<uint8_t> enc = kv_encode(t, &x[size_t(r) * row_elems], row_elems);
+          std::memcpy(&ring[size_t((pos0 + r) % cap) * rb], enc.data(), rb);
+        }
+        DevBuf dx(x), dpos(std::vector<int64_t>{pos0});
+        CU_OK(cu::kv_append(t, dring.as(), cap, row_elems, dpos.as<int64_t>(), n_rows, dx.as<float>(), s));
+        const std::vector<uint8_t> got = dring.get<uint8_t>(ring.size());
+        ASSERT_EQ(std::memcmp(got.data(), ring.data(), ring.size()), 0)
+            << kv_type_name(t) << " row_elems " << row_elems << " pos0 " << pos0;
+      }
+      // Read positions [27, 35) (wrapping slots 7..9, 0..4) as a dense block.
+      std::vector<uint8_t> dense(8 * rb);
+      CU_OK(cu::kv_read_positions(t, dring.as(), cap, row_elems, 27, 35, dense.data(), s));
+      CU_OK(cu::stream_sync(s));
+      for (int64_t p = 27; p < 35; ++p) {
+        ASSERT_EQ(std::memcmp(&dense[size_t(p - 27) * rb], &ring[size_t(p % cap) * rb], rb), 0) << p;
+      }
+      // Write them to another ring of capacity 7 at the same positions, copy those to a third
+      // ring of capacity 9 on the device, read back: the same rows.
+      DevBuf r7(7 * rb), r9(9 * rb);
+      std::vector<uint8_t> back(8 * rb - rb);
+      CU_OK(cu::kv_write_positions(t, r7.as(), 7, row_elems, 28, 35, dense.data() + rb, s));
+      CU_OK(cu::kv_copy_positions(t, r7.as(), 7, r9.as(), 9, row_elems, 28, 35, s));
+      CU_OK(cu::kv_read_positions(t, r9.as(), 9, row_elems, 28, 35, back.data(), s));
+      CU_OK(cu::stream_sync(s));
+      ASSERT_EQ(std::memcmp(back.data(), dense.data() + rb, back.size()), 0) << kv_type_name(t);
+    }
+  }
+}
+
+// ---- attention --------------------------------------------------------------------------------
+
+struct AttnCase {
+  int n_rows, n_head, n_head_kv, head_dim, window;
+  int64_t pos0, capacity;
+  KvType kt, vt;
+};
+
+struct AttnResult {
+  std::vector<float> got, want;
+  double max_abs_v = 0;
+};
+
+// Builds the rings (every visible position written through kv_append in chunks), runs the
+// device attention and the CPU generic attention over the dequantized rings.
+inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk = 0) {
+  ThreadPool pool(8);
+  cu::CudaStream s = cuda_env().s;
+  const int64_t row = int64_t(c.n_head_kv) * c.head_dim;
+  const int64_t p_end = c.pos0 + c.n_rows;
+  const int64_t p_begin =
+      c.window > 0 ? std::max<int64_t>(0, c.pos0 - c.window + 1) : 0;  // oldest position any query sees
+  DevBuf dk(c.capacity * kv_row_bytes(c.kt, row)), dv(c.capacity * kv_row_bytes(c.vt, row));
+  auto ok = [](Status st) {
+    if (!st) throw std::runtime_error(st.message());
+  };
+  ok(cu::memset_async(dk.as(), 0, c.capacity * kv_row_bytes(c.kt, row), s));
+  ok(cu::memset_async(dv.as(), 0, c.capacity * kv_row_bytes(c.vt, row), s));
+  AttnResult res;
+  for (int64_t p = p_begin; p < p_end;) {
+    const int n = int(std::min<int64_t>({p_end - p, c.capacity, 512}));
+    const std::vector<float> k = randn(size_t(n) * row, rng, 1.0f), v = randn(size_t(n) * row, rng, 1.0f);
+    for (float e : v) res.max_abs_v = std::max(res.max_abs_v, double(std::fabs(e)));
+    DevBuf dkk(k), dvv(v), dp(std::vector<int64_t>{p});
+    ok(cu::kv_append(c.kt, dk.as(), c.capacity, row, dp.as<int64_t>(), n, dkk.as<float>(), s));
+    ok(cu::kv_append(c.vt, dv.as(), c.capacity, row, dp.as<int64_t>(), n, dvv.as<float>(), s));
+    ok(cu::stream_sync(s));
+    p += n;
+  }
+  // The CPU's f32 view of the typed rings.
+  const std::vector<uint8_t> kb = dk.get<uint8_t>(c.capacity * kv_row_bytes(c.kt, row));
+  const std::vector<uint8_t> vb = dv.get<uint8_t>(c.capacity * kv_row_bytes(c.vt, row));
+  std::vector<float> kf(c.capacity * row), vf(c.capacity * row);
+  for (int64_t i = 0; i < c.capacity; ++i) {
+    kv_decode(c.kt, &kb[i * kv_row_bytes(c.kt, row)], row, &kf[i * row]);
+    kv_decode(c.vt, &vb[i * kv_row_bytes(c.vt, row)], row, &vf[i * row]);
+  }
+  const std::vector<float> q = randn(size_t(c.n_rows) * c.n_head * c.head_dim, rng, 1.0f);
+  const float scale = 1.0f / std::sqrt(float(c.head_dim));
+  res.want.resize(q.size());
+  cpu::AttentionArgs a{q.data(), kf.data(), vf.data(), res.want.data(), c.n_rows, c.pos0, c.capacity,
+                       c.n_head, c.n_head_kv, c.head_dim, c.window, scale};
+  cpu::attention_on_tier(cpu::Isa::Generic, a, pool);
+
+  DevBuf dq(q), dout(q.size() * 4);
+  const int step = chunk > 0 ? chunk : c.n_rows;
+  std::vector<int64_t> pos;
+  for (int r0 = 0; r0 < c.n_rows; r0 += step) pos.push_back(c.pos0 + r0);
+  DevBuf dpos(pos);  // one pos0 per call, as a per-call step block would hold it
+  for (int r0 = 0, i = 0; r0 < c.n_rows; r0 += step, ++i) {
+    cu::AttnArgs g;
+    g.q = dq.as<float>() + size_t(r0) * c.n_head * c.head_dim;
+    g.k = dk.as();
+    g.v = dv.as();
+    g.k_type = c.kt;
+    g.v_type = c.vt;
+    g.out = dout.as<float>() + size_t(r0) * c.n_head * c.head_dim;
+    g.n_rows = std::min(step, c.n_rows - r0);
+    g.pos0 = dpos.as<int64_t>() + i;
+    g.capacity = c.capacity;
+    g.n_head = c.n_head;
+    g.n_head_kv = c.n_head_kv;
+    g.head_dim = c.head_dim;
+    g.window = c.window;
+    g.scale = scale;
+    ok(cu::attention(g, s));
+  }
+  res.got = dout.get<float>(q.size());
+  return res;
+}
+
+inline std::string describe(const AttnCase &c) {
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "rows %d heads %d/%d hd %d window %d pos0 %lld cap %lld K %s V %s", c.n_rows,
+                c.n_head, c.n_head_kv, c.head_dim, c.window, (long long)c.pos0, (long long)c.capacity,
+                kv_type_name(c.kt), kv_type_name(c.vt));
+  return buf;
+}
+
+// Attention against the CPU generic path over the same (dequantized) keys and values. Scores
+// are bit-exact (the CPU's 16-lane dot); exp is evaluated in double and rounded once where the
+// CPU calls expf (each within about half an ulp of the true value, so they can differ by one
+// ulp), and the double sum of the exps is taken in another order. Every weight w_j therefore
+// carries a relative error of a few 2^-24 and the output sum_j w_j v_j, accumulated in the
+// same order on both, differs by at most ~4 * 2^-24 * sum_j w_j |v_j| <= 2.4e-7 max|v|:
+// tolerance 1e-6 * max|v|.
+CUDA_TEST(CudaOps, AttentionMatchesCpuGeneric) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(31);
+  std::vector<AttnCase> cases;
+  // Head dims and GQA ratios, global attention, all KV types.
+  for (KvType t : kKvTypes) {
+    for (int hd : {32, 64, 128, 256, 512}) {
+      for (auto [nh, nkv] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {4, 1}, {8, 1}, {8, 2}, {4, 4}}) {
+        if (hd >= 256 && nh > 4) continue;  // keep the CPU oracle's time down
+        cases.push_back({7, nh, nkv, hd, 0, 40, 64, t, t});
+      }
+    }
+  }
+  // Ragged row counts at a cached length; windows 1, n and small; rings smaller than n_past
+  // with positions across the wrap; mixed K/V types.
+  for (int n : {1, 2, 3, 8, 9, 17, 33, 64, 65, 130}) cases.push_back({n, 4, 2, 64, 0, 100, 256, KvType::F32, KvType::F32});
+  for (int w : {1, 2, 16, 130}) {
+    cases.push_back({130, 2, 1, 64, w, 0, w + 129, KvType::F32, KvType::F32});           // from position 0
+    cases.push_back({33, 4, 1, 128, w, 5 * (w + 32) - 3, w + 32, KvType::F16, KvType::Q8_0});  // across the wrap
+  }
+  cases.push_back({17, 8, 1, 256, 512, 3000, 512 + 16, KvType::BF16, KvType::BF16});  // Gemma-like sliding
+  cases.push_back({3, 8, 2, 512, 0, 2500, 2600, KvType::Q8_0, KvType::F16});          // > 1 tile of keys
+  cases.push_back({1, 8, 1, 256, 0, 4200, 4300, KvType::F32, KvType::F32});           // decode, 3 tiles
+  Stats st{"attention"};
+  size_t n_exact_cases = 0;
+  for (const AttnCase &c : cases) {
+    SCOPED_TRACE(describe(c));
+    const AttnResult r = run_attention(c, rng);
+    st.add(r.got.data(), r.want.data(), r.got.size());
+    n_exact_cases += std::memcmp(r.got.data(), r.want.data(), r.got.size() * 4) == 0;
+    const double tol = 1e-6 * r.max_abs_v;
+    double worst = 0;
+    for (size_t i = 0; i < r.got.size(); ++i) worst = std::max(worst, std::fabs(double(r.got[i]) - r.want[i]));
+    ASSERT_LE(worst, tol);
+  }
+  std::printf("attention: %zu of %zu cases bit-exact against the CPU generic path\n", n_exact_cases, cases.size());
+}
+
+// Batch invariance of attention on the device: the same queries in one call and in chunks of
+// 1, 3, 7 and 64 rows (each chunk with its own pos0 in device memory) are memcmp-equal.
+CUDA_TEST(CudaOps, AttentionBatchInvariantOnDevice) {
+  REQUIRE_CUDA();
+  for (const AttnCase &c : std::vector<AttnCase>{AttnCase{130, 4, 2, 64, 0, 77, 256, KvType::F32, KvType::F32},
+                            AttnCase{130, 8, 1, 256, 48, 1000, 48 + 129, KvType::Q8_0, KvType::F16},
+                            AttnCase{70, 2, 2, 512, 0, 2100, 2200, KvType::BF16, KvType::Q8_0}}) {
+    SCOPED_TRACE(describe(c));
+    std::mt19937 rng_a(41);  // the same seed, so the same rings and queries, for every run
+    const AttnResult whole = run_attention(c, rng_a);
+    for (int chunk : {1, 3, 7, 64}) {
+      std::mt19937 rng(41);
+      const AttnResult parts = run_attention(c, rng, chunk);
+      ASSERT_TRUE(bits_equal(parts.got.data(), whole.got.data(), whole.got.size())) << "chunk " << chunk;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace geist
