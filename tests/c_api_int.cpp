@@ -236,12 +236,17 @@ TEST(CApiStatic, StatusNamesAndVersion) {
 // examples/python/pinned_prefix.py declares these structs by hand (ctypes); a field
 // appended to the header must be appended there too.
 TEST(CApiStatic, StructLayoutsOfThePythonExample) {
-  EXPECT_EQ(sizeof(geist_sampling_params), 32u);
-  EXPECT_EQ(offsetof(geist_sampling_params, repeat_last_n), 20u);
-  EXPECT_EQ(offsetof(geist_sampling_params, seed), 24u);
-  EXPECT_EQ(sizeof(geist_session_params), 48u);
-  EXPECT_EQ(offsetof(geist_session_params, chunk), 12u);
-  EXPECT_EQ(offsetof(geist_session_params, sampling), 16u);
+  EXPECT_EQ(sizeof(geist_sampling_params), 40u);
+  EXPECT_EQ(offsetof(geist_sampling_params, temperature), 4u);
+  EXPECT_EQ(offsetof(geist_sampling_params, repeat_last_n), 24u);
+  EXPECT_EQ(offsetof(geist_sampling_params, seed), 32u);
+  EXPECT_EQ(sizeof(geist_session_params), 72u);
+  EXPECT_EQ(offsetof(geist_session_params, n_threads), 4u);
+  EXPECT_EQ(offsetof(geist_session_params, n_ctx), 8u);
+  EXPECT_EQ(offsetof(geist_session_params, chunk), 16u);
+  EXPECT_EQ(offsetof(geist_session_params, type_k), 20u);
+  EXPECT_EQ(offsetof(geist_session_params, type_v), 24u);
+  EXPECT_EQ(offsetof(geist_session_params, sampling), 32u);
   EXPECT_EQ(sizeof(struct geist_session_stats), 18 * 8u);
   EXPECT_EQ(offsetof(struct geist_session_stats, kv_bytes_reserved), 14 * 8u);
   EXPECT_EQ(offsetof(struct geist_session_stats, last_decode_seconds), 17 * 8u);

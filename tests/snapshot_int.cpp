@@ -449,7 +449,7 @@ TEST_F(SnapshotRefusal, HeaderFieldsWithChecksumRecomputed) {
   const size_t sampler = tok + 4 * n + 4 * 569;
 
   // Unsupported version (with or without a valid checksum).
-  for (uint32_t v : {0u, 2u, 0xFFFFFFFFu}) {
+  for (uint32_t v : {0u, 3u, 0xFFFFFFFFu}) {
     expect_refused(*target_, edited([&](auto &m) { put_at<uint32_t>(m, kOffVersion, v); }), GEIST_E_UNSUPPORTED,
                    "version " + std::to_string(v));
   }
@@ -485,8 +485,18 @@ TEST_F(SnapshotRefusal, HeaderFieldsWithChecksumRecomputed) {
                  "n_tokens + 1");
   expect_refused(*target_, edited([&](auto &m) { put_at<uint64_t>(m, kOffTokens, n - 1); }), GEIST_E_BAD_FORMAT,
                  "n_tokens - 1");
-  expect_refused(*target_, edited([&](auto &m) { put_at<uint32_t>(m, kOffReserved, 1); }), GEIST_E_BAD_FORMAT,
+  // Version 2's KV types (bytes 68, 69) and reserved word (70).
+  expect_refused(*target_, edited([&](auto &m) { put_at<uint16_t>(m, kOffReserved + 2, 1); }), GEIST_E_BAD_FORMAT,
                  "reserved");
+  for (size_t at : {kOffReserved, kOffReserved + 1}) {
+    expect_refused(*target_, edited([&](auto &m) { m[at] = 4; }), GEIST_E_BAD_FORMAT, "KV type code 4");
+    expect_refused(*target_, edited([&](auto &m) { m[at] = 1; }), GEIST_E_MISMATCH, "f16 rows into an f32 session");
+    expect_refused(*target_, edited([&](auto &m) {
+                     m[at] = 1;
+                     put_at<uint32_t>(m, kOffVersion, 1);
+                   }),
+                   GEIST_E_BAD_FORMAT, "version 1 with a KV type");
+  }
   for (uint32_t f : {kHasLogits | 4u, kHasLogits | 0x80000000u, kHasLogits | kCheckpointLive, 0u}) {
     expect_refused(*target_, edited([&](auto &m) { put_at<uint32_t>(m, kOffFlags, f); }), GEIST_E_BAD_FORMAT,
                    "flags " + std::to_string(f));
@@ -525,6 +535,16 @@ TEST_F(SnapshotRefusal, HeaderFieldsWithChecksumRecomputed) {
 // n_tokens == n_pinned without the live flag, carrying a checkpoint section of its own:
 // the writer never makes this (it uses the compact form), and its checkpoint may differ
 // from the kv rows of the same positions, which no session can hold.
+// Version 1 images (before KV types; f32 rows, the types' bytes 0) still restore into an
+// f32 session: the same state as the version 2 image they were made from.
+TEST_F(SnapshotRefusal, Version1ImagesStillRestore) {
+  std::vector<uint8_t> v1 = img_;
+  put_at<uint32_t>(v1, kOffVersion, 1);
+  reseal(v1);
+  ASSERT_TRUE(target_->restore(v1.data(), v1.size()).is_ok());
+  EXPECT_TRUE(snap(*target_) == img_);
+}
+
 TEST_F(SnapshotRefusal, PinAtEndWithoutLiveFlag) {
   std::unique_ptr<Session> live = busy(12, 0, 0, 4, 1, 34);
   std::vector<uint8_t> m = snap(*live);

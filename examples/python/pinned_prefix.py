@@ -23,14 +23,15 @@ token = C.c_int32
 
 
 class SamplingParams(C.Structure):  # geist_sampling_params
-    _fields_ = [("temperature", C.c_float), ("top_k", C.c_int32), ("top_p", C.c_float),
-                ("min_p", C.c_float), ("repeat_penalty", C.c_float), ("repeat_last_n", C.c_int32),
-                ("seed", C.c_uint64)]
+    _fields_ = [("struct_size", C.c_uint32), ("temperature", C.c_float), ("top_k", C.c_int32),
+                ("top_p", C.c_float), ("min_p", C.c_float), ("repeat_penalty", C.c_float),
+                ("repeat_last_n", C.c_int32), ("seed", C.c_uint64)]
 
 
 class SessionParams(C.Structure):  # geist_session_params
-    _fields_ = [("n_ctx", C.c_int64), ("n_threads", C.c_int32), ("chunk", C.c_int32),
-                ("sampling", SamplingParams)]
+    _fields_ = [("struct_size", C.c_uint32), ("n_threads", C.c_int32), ("n_ctx", C.c_int64),
+                ("chunk", C.c_int32), ("type_k", C.c_int32), ("type_v", C.c_int32),
+                ("reserved", C.c_int32), ("sampling", SamplingParams)]
 
 
 class SessionStats(C.Structure):  # struct geist_session_stats

@@ -79,10 +79,27 @@ GEIST_API const char *geist_last_error(void);
 /* ---------------------------------------------------------------------------------- */
 /* Models                                                                             */
 
+/* Parameter structs the caller allocates (geist_model_params, geist_session_params,
+ * geist_sampling_params) start with struct_size: get them from the *_default() functions,
+ * which set it to the size this header declares, then change the fields you need. A
+ * library newer than the header the caller compiled against reads only the fields that
+ * fit in struct_size and defaults the rest; an older library refuses a struct larger than
+ * it knows (GEIST_E_UNSUPPORTED) rather than ignore fields it cannot honour. A
+ * struct_size below the first sized version is GEIST_E_INVALID_ARGUMENT. */
+
+/* Where a model's weights live and its sessions compute. */
+typedef enum geist_backend_kind {
+  GEIST_BACKEND_CPU = 0,  /* the CPU (SIMD tier from CPUID, GEIST_ISA lowers it) */
+  GEIST_BACKEND_CUDA = 1  /* an NVIDIA GPU (a build with -DGEIST_CUDA=ON) */
+} geist_backend_kind;
+
 typedef struct geist_model_params {
+  uint32_t struct_size; /* sizeof(geist_model_params); set by geist_model_params_default */
   /* 1: ask the kernel to read the weights ahead at load (madvise WILLNEED) so the first
    * request does not pay the page-in. 0: page in on first use. Default 1. */
   int32_t prefetch;
+  int32_t backend;      /* a geist_backend_kind. Default GEIST_BACKEND_CPU */
+  int32_t device;       /* GPU ordinal for GEIST_BACKEND_CUDA. Default 0 */
 } geist_model_params;
 
 GEIST_API geist_model_params geist_model_params_default(void);
@@ -131,14 +148,17 @@ typedef struct geist_model_info {
 /* GEIST_E_INVALID_ARGUMENT if m or out is NULL. */
 GEIST_API geist_status geist_model_get_info(const geist_model *m, geist_model_info *out);
 
-/* The CPU kernels a model runs on: the ISA tier chosen at start (CPUID + XGETBV, lowered
- * by GEIST_ISA=generic|avx2|avx512) and the weights repacked for it at load. */
+/* Where a model runs: its backend and device, and for the CPU the ISA tier chosen at start
+ * (CPUID + XGETBV, lowered by GEIST_ISA=generic|avx2|avx512). */
 typedef struct geist_backend_info {
   const char *isa;         /* "avx512", "avx2" or "generic"; static storage */
   const char *isa_detail;  /* e.g. "avx512 (F BW DQ VL VNNI BF16)"; valid while the model lives */
   const char *isa_best;    /* the highest tier this CPU supports; static storage */
-  uint64_t packed_bytes;   /* bytes of weights repacked at load (0 on the generic tier) */
-  double repack_seconds;   /* time the repacking took (part of load_seconds) */
+  uint64_t packed_bytes;   /* bytes the backend holds for the weights: repacked on the CPU (0
+                            * on the generic tier), device memory on a GPU */
+  double repack_seconds;   /* time preparing them took (part of load_seconds) */
+  const char *backend;     /* "cpu" or "cuda"; valid while the model lives */
+  const char *device;      /* the device in words; valid while the model lives */
 } geist_backend_info;
 
 /* GEIST_E_INVALID_ARGUMENT if m or out is NULL. */
@@ -173,6 +193,7 @@ GEIST_API int geist_token_is_eog(const geist_model *m, geist_token t);
 /* Sessions                                                                           */
 
 typedef struct geist_sampling_params {
+  uint32_t struct_size;   /* sizeof(geist_sampling_params); set by geist_sampling_params_default */
   float temperature;      /* <= 0: greedy (argmax, ties to the lowest id). Default 0.8 */
   int32_t top_k;          /* <= 0: off. Default 40 */
   float top_p;            /* in [0, 1]; 1: off. Default 0.95 */
@@ -182,11 +203,25 @@ typedef struct geist_sampling_params {
   uint64_t seed;          /* RNG seed. Default 0xC0FFEE */
 } geist_sampling_params;
 
+/* Element type of the KV cache (llama.cpp's -ctk/-ctv names: f32 f16 bf16 q8_0). f32 is
+ * exact; f16 and bf16 halve the cache, q8_0 (blocks of 32 with an f16 scale) takes
+ * 34/128 of f32. Rows are rounded once, when they are stored. */
+typedef enum geist_kv_type {
+  GEIST_KV_F32 = 0,
+  GEIST_KV_F16 = 1,
+  GEIST_KV_BF16 = 2,
+  GEIST_KV_Q8_0 = 3
+} geist_kv_type;
+
 typedef struct geist_session_params {
-  int64_t n_ctx;      /* context in tokens; 0: the model's trained context (no hidden cap). */
+  uint32_t struct_size; /* sizeof(geist_session_params); set by geist_session_params_default */
   int32_t n_threads;  /* threads of this session's compute, counting the caller; 0: all cores */
+  int64_t n_ctx;      /* context in tokens; 0: the model's trained context (no hidden cap). */
   int32_t chunk;      /* rows per forward pass; prefill of any length runs in these. Default 256 */
-  geist_sampling_params sampling;
+  int32_t type_k;     /* a geist_kv_type for K rows. Default GEIST_KV_F32 */
+  int32_t type_v;     /* a geist_kv_type for V rows. Default GEIST_KV_F32 */
+  int32_t reserved;   /* 0 */
+  geist_sampling_params sampling; /* last: it may grow too */
 } geist_session_params;
 
 GEIST_API geist_sampling_params geist_sampling_params_default(void);
@@ -195,7 +230,9 @@ GEIST_API geist_session_params geist_session_params_default(void);
 /* A new, empty session over m (which it keeps alive). KV memory is reserved, not
  * committed: pages are used as positions fill, so a large n_ctx costs address space only.
  * GEIST_E_INVALID_ARGUMENT  m or out NULL; n_ctx < 0 or > 2^24; chunk outside [1, 65536];
- *                           n_threads outside [0, 512]; sampling values out of range
+ *                           n_threads outside [0, 512]; sampling values out of range;
+ *                           type_k/type_v not a geist_kv_type
+ * GEIST_E_UNSUPPORTED       q8_0 rows of a width that is not a multiple of 32
  * GEIST_E_OUT_OF_MEMORY     the KV cache or scratch cannot be reserved */
 GEIST_API geist_status geist_session_create(geist_model *m, const geist_session_params *p, geist_session **out);
 GEIST_API void geist_session_free(geist_session *s);

@@ -124,11 +124,53 @@ geist_status load_common(geist::Result<std::unique_ptr<geist::Model>> r, geist_m
   return GEIST_OK;
 }
 
-geist::ModelParams model_params(const geist_model_params *p) {
-  geist::ModelParams q;
-  const geist_model_params d = p ? *p : geist_model_params_default();
-  q.prefetch = d.prefetch != 0;
-  return q;
+// A caller's parameter struct as this library knows it: the fields that fit in its
+// struct_size over the defaults (geist.h, "Parameter structs"). min is the first sized
+// version's size.
+template <class T>
+geist_status read_sized(const T *p, const T &dflt, size_t min, const char *name, T *out) {
+  *out = dflt;
+  if (p == nullptr) return GEIST_OK;
+  const size_t n = p->struct_size;
+  if (n < min) {
+    return fail(GEIST_E_INVALID_ARGUMENT, std::string(name) + ".struct_size is " + std::to_string(n) +
+                                              ": start from " + name + "_default(), which sets it");
+  }
+  if (n > sizeof(T)) {
+    return fail(GEIST_E_UNSUPPORTED, std::string(name) + ".struct_size is " + std::to_string(n) +
+                                         ", larger than this library's " + std::to_string(sizeof(T)) +
+                                         ": the caller was built against a newer geist.h");
+  }
+  std::memcpy(static_cast<void *>(out), p, n);
+  out->struct_size = sizeof(T);
+  return GEIST_OK;
+}
+
+geist_status sampling_params(const geist_sampling_params *p, geist_sampling_params *out) {
+  return read_sized(p, geist_sampling_params_default(), sizeof(geist_sampling_params), "geist_sampling_params", out);
+}
+
+geist_status model_params(const geist_model_params *p, geist::ModelParams *q) {
+  geist_model_params d;
+  if (geist_status st = read_sized(p, geist_model_params_default(), sizeof(geist_model_params),
+                                   "geist_model_params", &d);
+      st != GEIST_OK) {
+    return st;
+  }
+  if (d.backend != GEIST_BACKEND_CPU && d.backend != GEIST_BACKEND_CUDA) {
+    return fail(GEIST_E_INVALID_ARGUMENT, "backend " + std::to_string(d.backend) + " is not a geist_backend_kind");
+  }
+  if (d.device < 0) return fail(GEIST_E_INVALID_ARGUMENT, "device " + std::to_string(d.device) + " is negative");
+  q->prefetch = d.prefetch != 0;
+  q->backend = d.backend == GEIST_BACKEND_CUDA ? geist::BackendKind::Cuda : geist::BackendKind::Cpu;
+  q->device = d.device;
+  return GEIST_OK;
+}
+
+bool kv_type(int32_t t, geist::KvType *out) {
+  if (t < GEIST_KV_F32 || t > GEIST_KV_Q8_0) return false;
+  *out = static_cast<geist::KvType>(t);
+  return true;
 }
 
 }  // namespace
@@ -144,7 +186,10 @@ const char *geist_last_error(void) { return t_last_error.c_str(); }
 geist_model_params geist_model_params_default(void) {
   geist_model_params p;
   std::memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
   p.prefetch = 1;
+  p.backend = GEIST_BACKEND_CPU;
+  p.device = 0;
   return p;
 }
 
@@ -153,7 +198,9 @@ geist_status geist_model_load(const char *path, const geist_model_params *p, gei
     GEIST_NULL_CHECK(out, nullptr);
     *out = nullptr;
     GEIST_NULL_CHECK(path, nullptr);
-    return load_common(geist::Model::load(path, model_params(p)), out);
+    geist::ModelParams q;
+    if (geist_status st = model_params(p, &q); st != GEIST_OK) return st;
+    return load_common(geist::Model::load(path, q), out);
   });
 }
 
@@ -164,7 +211,9 @@ geist_status geist_model_load_from_memory(const void *data, size_t size, const g
     *out = nullptr;
     GEIST_NULL_CHECK(data, nullptr);
     if (size == 0) return fail(GEIST_E_INVALID_ARGUMENT, "size is 0");
-    return load_common(geist::Model::load_from_memory(data, size, model_params(p)), out);
+    geist::ModelParams q;
+    if (geist_status st = model_params(p, &q); st != GEIST_OK) return st;
+    return load_common(geist::Model::load_from_memory(data, size, q), out);
   });
 }
 
@@ -201,12 +250,15 @@ geist_status geist_model_get_backend(const geist_model *m, geist_backend_info *o
     GEIST_NULL_CHECK(out, nullptr);
     static const std::string detail = geist::cpu::isa_description();
     const geist::models::ModelInfo &i = m->model->info();
+    const geist::Backend &b = m->model->arch().backend();
     std::memset(out, 0, sizeof *out);
     out->isa = geist::cpu::isa_name(geist::cpu::active_isa());
     out->isa_detail = detail.c_str();
     out->isa_best = geist::cpu::isa_name(geist::cpu::best_isa());
     out->packed_bytes = i.packed_bytes;
     out->repack_seconds = i.repack_seconds;
+    out->backend = b.name();
+    out->device = m->model->device().c_str();
     return GEIST_OK;
   });
 }
@@ -276,6 +328,7 @@ geist_sampling_params geist_sampling_params_default(void) {
   const geist::SamplerParams d;
   geist_sampling_params p;
   std::memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
   p.temperature = d.temperature;
   p.top_k = d.top_k;
   p.top_p = d.top_p;
@@ -290,9 +343,12 @@ geist_session_params geist_session_params_default(void) {
   const geist::SessionParams d;
   geist_session_params p;
   std::memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
   p.n_ctx = d.n_ctx;
   p.n_threads = d.n_threads;
   p.chunk = d.chunk;
+  p.type_k = static_cast<int32_t>(d.type_k);
+  p.type_v = static_cast<int32_t>(d.type_v);
   p.sampling = geist_sampling_params_default();
   return p;
 }
@@ -302,14 +358,28 @@ geist_status geist_session_create(geist_model *m, const geist_session_params *p,
     GEIST_NULL_CHECK(out, nullptr);
     *out = nullptr;
     GEIST_NULL_CHECK(m, nullptr);
-    const geist_session_params d = p ? *p : geist_session_params_default();
+    geist_session_params d;
+    if (geist_status st = read_sized(p, geist_session_params_default(), sizeof(geist_session_params),
+                                     "geist_session_params", &d);
+        st != GEIST_OK) {
+      return st;
+    }
+    geist_sampling_params sp;
+    if (geist_status st = sampling_params(&d.sampling, &sp); st != GEIST_OK) return st;
+    geist::KvType tk, tv;
+    if (!kv_type(d.type_k, &tk) || !kv_type(d.type_v, &tv)) {
+      return fail(GEIST_E_INVALID_ARGUMENT, "type_k " + std::to_string(d.type_k) + " / type_v " +
+                                                std::to_string(d.type_v) + ": not a geist_kv_type (0..3)");
+    }
     if (d.n_threads > 512) return fail(GEIST_E_INVALID_ARGUMENT, "n_threads " + std::to_string(d.n_threads) +
                                                                     " out of range [0, 512]");
     geist::SessionParams q;
     q.n_ctx = d.n_ctx;
     q.n_threads = d.n_threads;
     q.chunk = d.chunk;
-    q.sampling = to_cpp(d.sampling);
+    q.type_k = tk;
+    q.type_v = tv;
+    q.sampling = to_cpp(sp);
     geist::Result<std::unique_ptr<geist::Session>> r = geist::Session::create(*m->model, q);
     if (!r) return report(r.status());
     auto *s = new geist_session;
@@ -394,7 +464,9 @@ geist_status geist_session_set_sampling(geist_session *s, const geist_sampling_p
   GEIST_SESSION_ENTER(s);
   return guarded(s, [&] {
     GEIST_NULL_CHECK(p, s);
-    return report(s->session->set_sampling(to_cpp(*p)), s);
+    geist_sampling_params sp;
+    if (geist_status st = sampling_params(p, &sp); st != GEIST_OK) return fail(st, std::string(geist_last_error()), s);
+    return report(s->session->set_sampling(to_cpp(sp)), s);
   });
 }
 

@@ -120,13 +120,27 @@ class Backend {
   virtual uint64_t weight_bytes() const = 0;
   virtual double prepare_seconds() const = 0;
 
+  // KV storage of K rows of type tk and V rows of type tv (GEIST_E_UNSUPPORTED for q8_0
+  // rows whose width is not a multiple of 32).
   virtual Result<std::unique_ptr<KvStore>> create_kv(const std::vector<KvLayerSpec> &layers, int64_t n_ctx,
-                                                     int max_chunk) = 0;
+                                                     int max_chunk, KvType tk, KvType tv) = 0;
   // n_threads: host threads (0: all); ignored by device backends.
   virtual Result<std::unique_ptr<Exec>> create_exec(int n_threads, int max_chunk) = 0;
 };
 
-// The CPU backend (backends/cpu/cpu_backend.cpp).
+enum class BackendKind { Cpu, Cuda };
+
+// The argument checks of Backend::create_kv every backend makes: n_ctx and max_chunk >= 1,
+// q8_0 rows a multiple of 32 wide (GEIST_E_UNSUPPORTED, naming the width).
+Status check_kv_args(const std::vector<KvLayerSpec> &layers, int64_t n_ctx, int max_chunk, KvType tk, KvType tv);
+
+// The registry (backends/registry.cpp), the only place that names concrete backends.
+// GEIST_E_UNSUPPORTED for a backend this build does not have; a device backend reports a
+// missing device, an old driver or a failed initialisation with the device's message.
+Result<std::unique_ptr<Backend>> make_backend(BackendKind kind, int device);
+
+// The backends themselves.
 std::unique_ptr<Backend> make_cpu_backend();
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device);  // builds with GEIST_CUDA
 
 }  // namespace geist

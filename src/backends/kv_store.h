@@ -29,6 +29,13 @@ class KvStore {
   KvStore &operator=(const KvStore &) = delete;
 
   int64_t n_ctx() const { return n_ctx_; }
+  KvType type_k() const { return type_k_; }
+  KvType type_v() const { return type_v_; }
+  // Bytes of one position's K row / V row in layer l (kv_type.h formats).
+  size_t row_bytes_k(int l) const { return kv_row_bytes(type_k_, specs_[l].row_floats); }
+  size_t row_bytes_v(int l) const { return kv_row_bytes(type_v_, specs_[l].row_floats); }
+  // Bytes of a rows block (below) of n positions of layer l.
+  size_t block_bytes(int l, int64_t n) const { return size_t(n) * (row_bytes_k(l) + row_bytes_v(l)); }
   int max_chunk() const { return max_chunk_; }
   int n_layers() const { return static_cast<int>(specs_.size()); }
   const KvLayerSpec &spec(int l) const { return specs_[l]; }
@@ -43,21 +50,22 @@ class KvStore {
     return w > 0 && n > w - 1 ? n - (w - 1) : 0;
   }
 
-  // A "rows block" of positions [from, to) of layer l: the K rows then the V rows,
-  // [2][to - from][row_floats] f32, row-major, on the host. The positions must be ones the
-  // store holds (to - from <= capacity(l)). Pointers need no alignment.
-  virtual void read_rows(int l, int64_t from, int64_t to, float *dst) const = 0;
-  virtual void write_rows(int l, int64_t from, int64_t to, const float *src) = 0;
+  // A "rows block" of positions [from, to) of layer l, on the host: the K rows
+  // [to - from][row_bytes_k] then the V rows [to - from][row_bytes_v], in the store's types
+  // exactly as stored (so an image moves between backends bit for bit). The positions must
+  // be ones the store holds (to - from <= capacity(l)). Pointers need no alignment.
+  virtual void read_rows(int l, int64_t from, int64_t to, void *dst) const = 0;
+  virtual void write_rows(int l, int64_t from, int64_t to, const void *src) = 0;
   // Back to a state at n_pin positions, from a rows block of positions
   // [first_live(l, n_pin), n_pin) saved then: writes back only the rows a later position
   // in [n_pin, n_past) overwrote (none for global layers). Returns how many.
-  virtual int64_t rewind_rows(int l, int64_t n_pin, int64_t n_past, const float *saved) = 0;
+  virtual int64_t rewind_rows(int l, int64_t n_pin, int64_t n_past, const void *saved) = 0;
 
   int64_t n_past = 0;  // positions [0, n_past) are in the store
 
  protected:
-  KvStore(const std::vector<KvLayerSpec> &specs, int64_t n_ctx, int max_chunk) : specs_(specs), n_ctx_(n_ctx),
-                                                                                 max_chunk_(max_chunk) {
+  KvStore(const std::vector<KvLayerSpec> &specs, int64_t n_ctx, int max_chunk, KvType tk, KvType tv)
+      : specs_(specs), n_ctx_(n_ctx), max_chunk_(max_chunk), type_k_(tk), type_v_(tv) {
     for (const KvLayerSpec &s : specs_) {
       const int64_t ring = int64_t(s.window) + max_chunk - 1;
       capacity_.push_back(s.window > 0 && ring < n_ctx ? ring : n_ctx);
@@ -69,6 +77,7 @@ class KvStore {
   std::vector<int64_t> capacity_;
   int64_t n_ctx_ = 0;
   int max_chunk_ = 0;
+  KvType type_k_ = KvType::F32, type_v_ = KvType::F32;
 };
 
 }  // namespace geist

@@ -7,8 +7,11 @@
 namespace geist {
 
 Result<std::unique_ptr<Model>> Model::finish(std::unique_ptr<gguf::GgufFile> f, const ModelParams &p, double t0) {
+  std::unique_ptr<Backend> backend;
+  GEIST_ASSIGN_OR_RETURN(backend, make_backend(p.backend, p.device));
+  std::string device = backend->device();
   std::unique_ptr<models::ArchModel> arch;
-  GEIST_ASSIGN_OR_RETURN(arch, models::load_arch(*f, make_cpu_backend()));
+  GEIST_ASSIGN_OR_RETURN(arch, models::load_arch(*f, std::move(backend)));
   Result<Tokenizer> tok = Tokenizer::from_gguf(*f);
   if (!tok) return tok.status();
   if (tok->n_vocab() > arch->info().n_vocab) {
@@ -16,6 +19,7 @@ Result<std::unique_ptr<Model>> Model::finish(std::unique_ptr<gguf::GgufFile> f, 
                        tok->n_vocab(), (long long)arch->info().n_vocab);
   }
   std::unique_ptr<Model> m(new Model(std::move(f), std::move(tok).value(), std::move(arch)));
+  m->device_ = std::move(device);
   m->fingerprint_ = XXH3_64bits(m->file_->base(), static_cast<size_t>(m->file_->data_offset()));
   if (p.prefetch) m->file_->advise_willneed();
   m->load_seconds_ = now_seconds() - t0;

@@ -14,6 +14,8 @@ namespace geist {
 
 struct ModelParams {
   bool prefetch = true;  // madvise(WILLNEED) the weights at load so first use does not page them in
+  BackendKind backend = BackendKind::Cpu;
+  int device = 0;  // GPU ordinal for a device backend
 };
 
 class Model {
@@ -30,6 +32,8 @@ class Model {
   const models::ArchModel &arch() const { return *arch_; }
   const models::ModelInfo &info() const { return arch_->info(); }
   double load_seconds() const { return load_seconds_; }
+  // The backend's device in words ("CPU, avx512 (...) tier", "NVIDIA H200 ...").
+  const std::string &device() const { return device_; }
   // XXH3-64 of the file's bytes before the tensor data (header, metadata, tensor table):
   // the identity snapshots are checked against.
   uint64_t fingerprint() const { return fingerprint_; }
@@ -43,6 +47,7 @@ class Model {
   Tokenizer tokenizer_;
   std::unique_ptr<models::ArchModel> arch_;
   double load_seconds_ = 0;
+  std::string device_;
   uint64_t fingerprint_ = 0;
 };
 

@@ -36,7 +36,7 @@ Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionPa
   q.chunk = static_cast<int>(std::min<int64_t>(q.chunk, q.n_ctx));
   Backend &b = m.arch().backend();
   std::unique_ptr<KvStore> cache;
-  GEIST_ASSIGN_OR_RETURN(cache, b.create_kv(m.arch().kv_layout(), q.n_ctx, q.chunk));
+  GEIST_ASSIGN_OR_RETURN(cache, b.create_kv(m.arch().kv_layout(), q.n_ctx, q.chunk, q.type_k, q.type_v));
   std::unique_ptr<Exec> exec;
   GEIST_ASSIGN_OR_RETURN(exec, b.create_exec(threads, q.chunk));
   return std::unique_ptr<Session>(new Session(m, q, std::move(cache), std::move(exec)));
@@ -53,7 +53,7 @@ void Session::reserve_tokens(size_t extra) {
 size_t Session::checkpoint_bytes() const {
   size_t b = 0;
   if (pin_) {
-    for (const auto &r : pin_->rows) b += r.size() * sizeof(float);
+    for (const auto &r : pin_->rows) b += r.size();
     b += pin_->logits.size() * sizeof(float);
   }
   return b;
@@ -161,7 +161,7 @@ std::unique_ptr<Session::Pin> Session::make_pin() const {
   for (int l = 0; l < cache_->n_layers(); ++l) {
     if (cache_->spec(l).window == 0) continue;
     const int64_t from = cache_->first_live(l, int64_t(pin->n));
-    pin->rows[l].resize(2 * static_cast<size_t>(int64_t(pin->n) - from) * size_t(cache_->spec(l).row_floats));
+    pin->rows[l].resize(cache_->block_bytes(l, int64_t(pin->n) - from));
     cache_->read_rows(l, from, int64_t(pin->n), pin->rows[l].data());
   }
   return pin;

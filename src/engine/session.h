@@ -35,6 +35,7 @@ struct SessionParams {
   int64_t n_ctx = 0;     // 0: the model's trained context
   int n_threads = 0;     // 0: all hardware threads of this process
   int chunk = 256;       // rows per forward call; prefill of any length is split into these
+  KvType type_k = KvType::F32, type_v = KvType::F32;  // KV cache element types (kv_type.h)
   SamplerParams sampling;
 };
 
@@ -111,9 +112,9 @@ class Session {
     size_t n = 0;
     std::vector<float> logits;  // [n_vocab]
     Sampler::State sampler;
-    // Per layer: K rows then V rows of positions [first_live(l, n), n) for sliding layers;
-    // empty for global ones.
-    std::vector<std::vector<float>> rows;
+    // Per layer: the rows block (KvStore::read_rows) of positions [first_live(l, n), n)
+    // for sliding layers; empty for global ones.
+    std::vector<std::vector<uint8_t>> rows;
   };
 
   Session(const Model &m, const SessionParams &p, std::unique_ptr<KvStore> c, std::unique_ptr<Exec> e);

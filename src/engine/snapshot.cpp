@@ -3,14 +3,16 @@
 // Layout (little-endian; sections follow each other without padding):
 //   header   72 bytes: magic "GEISTSNP", u32 version, u32 flags, u64 total size,
 //            u64 checksum (XXH3-64 of bytes [32, total)), u64 model fingerprint,
-//            u64 n_vocab, u64 n_tokens, u64 n_pinned, u32 n_layers, u32 reserved (0)
+//            u64 n_vocab, u64 n_tokens, u64 n_pinned, u32 n_layers,
+//            u8 type_k, u8 type_v (KvType; version 1: both 0 = f32), u16 reserved (0)
 //   layers   n_layers x {u64 row_floats, u32 window, u32 rows}   (rows: KV rows stored)
 //   tokens   i32 x n_tokens
 //   logits   f32 x n_vocab                           if flags & kHasLogits
 //   sampler  u64 rng[4], u64 n_history, i32 x n_history
 //   pin      u64 rng[4], u64 n_history, i32 x n_history, f32 x n_vocab   if n_pinned > 0
-//   kv       per layer: K rows then V rows of positions [from_l, n_tokens), f32 x row_floats
-//            each; from_l = 0 for global layers, max(0, n_tokens - (W - 1)) for sliding
+//   kv       per layer: K rows then V rows of positions [from_l, n_tokens), row_floats
+//            elements each in type_k / type_v (backends/kv_type.h); from_l = 0 for
+//            global layers, max(0, n_tokens - (W - 1)) for sliding
 //   ckpt     per sliding layer: K then V rows of positions [max(0, P - (W - 1)), P)
 //            if n_pinned = P > 0 and not flags & kCheckpointLive (then n_tokens == P and
 //            the checkpoint is the kv section's rows)
@@ -30,7 +32,7 @@ namespace {
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "snapshot I/O assumes a little-endian host");
 
 constexpr const char *kMagic = kSnapshotMagic;
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: KV types in the header; version 1 images (f32) still read
 constexpr uint32_t kHasLogits = 1u << 0;
 constexpr uint32_t kCheckpointLive = 1u << 1;
 constexpr uint32_t kKnownFlags = kHasLogits | kCheckpointLive;
@@ -115,9 +117,8 @@ size_t Session::snapshot_size() const {
   const bool live = pin_ && pin_->n == tokens_.size();
   if (pin_) b += 40 + sizeof(int32_t) * pin_->sampler.history.size() + sizeof(float) * nv;
   for (int l = 0; l < cache_->n_layers(); ++l) {
-    const size_t rf = size_t(cache_->spec(l).row_floats);
-    b += 2 * sizeof(float) * rf * size_t(n - cache_->first_live(l, n));
-    if (pin_ && !live && cache_->spec(l).window > 0) b += sizeof(float) * pin_->rows[l].size();
+    b += cache_->block_bytes(l, n - cache_->first_live(l, n));
+    if (pin_ && !live && cache_->spec(l).window > 0) b += pin_->rows[l].size();
   }
   return b;
 }
@@ -146,7 +147,9 @@ Status Session::snapshot(void *buf, size_t cap, size_t *written) const {
   w.put<uint64_t>(uint64_t(n));
   w.put<uint64_t>(n_pinned());
   w.put<uint32_t>(uint32_t(cache_->n_layers()));
-  w.put<uint32_t>(0);
+  w.put<uint8_t>(uint8_t(cache_->type_k()));
+  w.put<uint8_t>(uint8_t(cache_->type_v()));
+  w.put<uint16_t>(0);
   for (int l = 0; l < cache_->n_layers(); ++l) {
     w.put<uint64_t>(uint64_t(cache_->spec(l).row_floats));
     w.put<uint32_t>(uint32_t(cache_->spec(l).window));
@@ -166,12 +169,12 @@ Status Session::snapshot(void *buf, size_t cap, size_t *written) const {
   }
   for (int l = 0; l < cache_->n_layers(); ++l) {
     const int64_t from = cache_->first_live(l, n);
-    cache_->read_rows(l, from, n, reinterpret_cast<float *>(base + w.offset()));  // memcpy: no alignment needed
-    w.skip(2 * sizeof(float) * size_t(cache_->spec(l).row_floats) * size_t(n - from));
+    cache_->read_rows(l, from, n, base + w.offset());
+    w.skip(cache_->block_bytes(l, n - from));
   }
   if (pin_ && !live) {
     for (int l = 0; l < cache_->n_layers(); ++l) {
-      if (cache_->spec(l).window > 0) w.bytes(pin_->rows[l].data(), sizeof(float) * pin_->rows[l].size());
+      if (cache_->spec(l).window > 0) w.bytes(pin_->rows[l].data(), pin_->rows[l].size());
     }
   }
   GEIST_CHECK(w.offset() == size, "snapshot size and layout disagree");
@@ -195,8 +198,9 @@ Status Session::restore(const void *buf, size_t size) {
   const uint32_t flags = r.get<uint32_t>();
   const uint64_t total = r.get<uint64_t>();
   const uint64_t sum = r.get<uint64_t>();
-  if (version != kVersion) {
-    return GEIST_ERROR(GEIST_E_UNSUPPORTED, "snapshot version %u; this build reads version %u", version, kVersion);
+  if (version != 1 && version != kVersion) {
+    return GEIST_ERROR(GEIST_E_UNSUPPORTED, "snapshot version %u; this build reads versions 1 and %u", version,
+                       kVersion);
   }
   if (total != size) {
     return GEIST_ERROR(GEIST_E_BAD_FORMAT, "snapshot is %zu bytes but its header says %llu (truncated?)", size,
@@ -211,7 +215,8 @@ Status Session::restore(const void *buf, size_t size) {
   const uint64_t n = r.get<uint64_t>();
   const uint64_t n_pin = r.get<uint64_t>();
   const uint32_t n_layers = r.get<uint32_t>();
-  const uint32_t reserved = r.get<uint32_t>();
+  const uint8_t type_k = r.get<uint8_t>(), type_v = r.get<uint8_t>();
+  const uint16_t reserved = r.get<uint16_t>();
   if (fingerprint != model_.fingerprint()) {
     return GEIST_ERROR(GEIST_E_MISMATCH, "snapshot was made with another model (fingerprint %016llx, this model %016llx)",
                        (unsigned long long)fingerprint, (unsigned long long)model_.fingerprint());
@@ -221,7 +226,15 @@ Status Session::restore(const void *buf, size_t size) {
                        "(%d, %lld)", (unsigned long long)n_layers, (unsigned long long)nv, cache_->n_layers(),
                        (long long)n_vocab());
   }
-  if (reserved != 0 || n_pin > n) return GEIST_ERROR(GEIST_E_BAD_FORMAT, "snapshot header is inconsistent");
+  if (reserved != 0 || n_pin > n || type_k > uint8_t(KvType::Q8_0) || type_v > uint8_t(KvType::Q8_0) ||
+      (version == 1 && (type_k != 0 || type_v != 0))) {
+    return GEIST_ERROR(GEIST_E_BAD_FORMAT, "snapshot header is inconsistent");
+  }
+  if (KvType(type_k) != cache_->type_k() || KvType(type_v) != cache_->type_v()) {
+    return GEIST_ERROR(GEIST_E_MISMATCH, "snapshot has a KV cache of %s K / %s V rows; this session's is %s / %s",
+                       kv_type_name(KvType(type_k)), kv_type_name(KvType(type_v)), kv_type_name(cache_->type_k()),
+                       kv_type_name(cache_->type_v()));
+  }
   const bool has_logits = flags & kHasLogits, live = flags & kCheckpointLive;
   // live exactly when the pin is at the end: the writer's only form for n_pinned ==
   // n_tokens (a separate checkpoint could then disagree with the kv rows it duplicates).
@@ -266,13 +279,13 @@ Status Session::restore(const void *buf, size_t size) {
   std::vector<const uint8_t *> kv(cache_->n_layers()), ck(cache_->n_layers(), nullptr);
   for (int l = 0; l < cache_->n_layers(); ++l) {
     const uint64_t rows = uint64_t(int64_t(n) - cache_->first_live(l, int64_t(n)));
-    kv[l] = r.span(mul(mul(2 * rows, uint64_t(cache_->spec(l).row_floats)), 4));
+    kv[l] = r.span(mul(rows, cache_->row_bytes_k(l) + cache_->row_bytes_v(l)));
   }
   if (n_pin > 0 && !live) {
     for (int l = 0; l < cache_->n_layers(); ++l) {
       if (cache_->spec(l).window == 0) continue;
       const uint64_t rows = uint64_t(int64_t(n_pin) - cache_->first_live(l, int64_t(n_pin)));
-      ck[l] = r.span(mul(mul(2 * rows, uint64_t(cache_->spec(l).row_floats)), 4));
+      ck[l] = r.span(mul(rows, cache_->row_bytes_k(l) + cache_->row_bytes_v(l)));
     }
   }
   if (r.failed() || r.offset() != size) {
@@ -296,22 +309,22 @@ Status Session::restore(const void *buf, size_t size) {
   // history. (Building a new pin every time, ~8 MiB on Gemma 3 270M, and freeing the old
   // one after, left the heap holding both: RSS rose for the first requests; issue 12,
   // finding 11.)
-  auto ckpt_floats = [&](int l) -> size_t {
+  auto ckpt_bytes = [&](int l) -> size_t {
     if (cache_->spec(l).window == 0) return 0;
-    return 2 * size_t(int64_t(n_pin) - cache_->first_live(l, int64_t(n_pin))) * size_t(cache_->spec(l).row_floats);
+    return cache_->block_bytes(l, int64_t(n_pin) - cache_->first_live(l, int64_t(n_pin)));
   };
   std::vector<int32_t> new_tokens;
   if (tokens_.capacity() < n) new_tokens.reserve(n);
   bool reuse_pin = n_pin > 0 && pin_ && pin_->logits.capacity() >= nv &&
                    pin_->sampler.history.capacity() >= pst.history.size() &&
                    pin_->rows.size() == size_t(cache_->n_layers());
-  for (int l = 0; reuse_pin && l < cache_->n_layers(); ++l) reuse_pin = pin_->rows[l].capacity() >= ckpt_floats(l);
+  for (int l = 0; reuse_pin && l < cache_->n_layers(); ++l) reuse_pin = pin_->rows[l].capacity() >= ckpt_bytes(l);
   std::unique_ptr<Pin> new_pin;
   if (n_pin > 0 && !reuse_pin) {
     new_pin = std::make_unique<Pin>();
     new_pin->logits.reserve(nv);
     new_pin->rows.resize(cache_->n_layers());
-    for (int l = 0; l < cache_->n_layers(); ++l) new_pin->rows[l].reserve(ckpt_floats(l));
+    for (int l = 0; l < cache_->n_layers(); ++l) new_pin->rows[l].reserve(ckpt_bytes(l));
   }
   sampler_.set_state(sst);  // the last step that can fail (strong guarantee)
 
@@ -335,9 +348,9 @@ Status Session::restore(const void *buf, size_t size) {
       pin.sampler.history.swap(pst.history);  // a new pin: take the staged vector
     }
     for (int l = 0; l < cache_->n_layers(); ++l) {
-      pin.rows[l].resize(ckpt_floats(l));
+      pin.rows[l].resize(ckpt_bytes(l));
       // live: the checkpoint rows are the kv section's rows (same positions).
-      if (!pin.rows[l].empty()) std::memcpy(pin.rows[l].data(), live ? kv[l] : ck[l], pin.rows[l].size() * 4);
+      if (!pin.rows[l].empty()) std::memcpy(pin.rows[l].data(), live ? kv[l] : ck[l], pin.rows[l].size());
     }
   }
   // Write the checkpoint rows first, then the live rows, so each ring slot ends holding
@@ -347,8 +360,7 @@ Status Session::restore(const void *buf, size_t size) {
       cache_->write_rows(l, cache_->first_live(l, int64_t(n_pin)), int64_t(n_pin), pin_->rows[l].data());
     }
     const int64_t from = cache_->first_live(l, int64_t(n));
-    // The image's floats may be unaligned: write_rows copies with memcpy.
-    cache_->write_rows(l, from, int64_t(n), reinterpret_cast<const float *>(kv[l]));
+    cache_->write_rows(l, from, int64_t(n), kv[l]);  // copies with memcpy: no alignment needed
   }
   cache_->n_past = int64_t(n);
   stats_.restore_seconds += t.seconds();
@@ -378,9 +390,9 @@ Status Session::load_file(const std::string &path) {
     std::memcpy(&version, h + kOffVersion, 4);
     std::memcpy(&total, h + kOffTotal, 8);
     std::memcpy(&fingerprint, h + kOffFingerprint, 8);
-    if (version != kVersion) {
-      return GEIST_ERROR(GEIST_E_UNSUPPORTED, "'%s': snapshot version %u; this build reads version %u", path.c_str(),
-                         version, kVersion);
+    if (version != 1 && version != kVersion) {
+      return GEIST_ERROR(GEIST_E_UNSUPPORTED, "'%s': snapshot version %u; this build reads versions 1 and %u",
+                         path.c_str(), version, kVersion);
     }
     if (total != file_size) {
       return GEIST_ERROR(GEIST_E_BAD_FORMAT, "'%s': snapshot is %llu bytes but its header says %llu (truncated?)",

@@ -60,10 +60,42 @@ Utf8 utf8_step(const uint8_t *p, size_t n, size_t *len) {
 
 }  // namespace
 
+void add_device_options(CLI::App *sub, DeviceOptions *o) {
+  sub->add_option("--backend", o->backend, "Where the model runs: cpu, or cuda (a build with -DGEIST_CUDA=ON)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  sub->add_option("--device", o->device, "GPU ordinal for --backend cuda")
+      ->capture_default_str()
+      ->check(int_range(0, 1023));
+  const auto kv_types = CLI::IsMember({"f32", "f16", "bf16", "q8_0"});
+  sub->add_option("--cache-type-k", o->type_k, "KV cache type of K rows: f32, f16, bf16, q8_0 (also -ctk)")
+      ->capture_default_str()
+      ->check(kv_types);
+  sub->add_option("--cache-type-v", o->type_v, "KV cache type of V rows: f32, f16, bf16, q8_0 (also -ctv)")
+      ->capture_default_str()
+      ->check(kv_types);
+}
+
+geist_model_params model_params(const DeviceOptions &o) {
+  geist_model_params p = geist_model_params_default();
+  p.backend = o.backend == "cuda" ? GEIST_BACKEND_CUDA : GEIST_BACKEND_CPU;
+  p.device = o.device;
+  return p;
+}
+
+void apply_kv_types(const DeviceOptions &o, geist_session_params *p) {
+  auto code = [](const std::string &t) {
+    return t == "f16" ? GEIST_KV_F16 : t == "bf16" ? GEIST_KV_BF16 : t == "q8_0" ? GEIST_KV_Q8_0 : GEIST_KV_F32;
+  };
+  p->type_k = code(o.type_k);
+  p->type_v = code(o.type_v);
+}
+
 void add_gen_options(CLI::App *sub, GenOptions *o) {
   o->model = default_model_file();
   sub->add_option("-m,--model", o->model, "GGUF model file (default: the fetched default model)")
       ->capture_default_str();
+  add_device_options(sub, &o->dev);
   sub->add_option("-t,--threads", o->threads, "Threads (0: all)")->capture_default_str()->check(int_range(0, 512));
   sub->add_option("-c,--ctx-size", o->n_ctx, "Context size in tokens (0: the model's)")
       ->capture_default_str()
@@ -116,7 +148,7 @@ int report(const api::Error &e) {
   return 1;
 }
 
-bool load_api_model(const std::string &path, api::Model *out, double *load_seconds) {
+bool load_api_model(const std::string &path, api::Model *out, double *load_seconds, const DeviceOptions *dev) {
   if (path == default_model_file() && !std::ifstream(path).good()) {
     std::fprintf(stderr,
                  "geist: error: default model not found at %s; run 'python3 scripts/fetch_model.py' or pass -m\n",
@@ -125,7 +157,8 @@ bool load_api_model(const std::string &path, api::Model *out, double *load_secon
   }
   note_model_path(path);
   const auto t0 = std::chrono::steady_clock::now();
-  if (api::Error e = api::Model::load(path, out)) {
+  const geist_model_params mp = model_params(dev ? *dev : DeviceOptions{});
+  if (api::Error e = api::Model::load(path, out, &mp)) {
     report(e);
     return false;
   }
@@ -160,6 +193,7 @@ bool create_session(const api::Model &m, const GenOptions &o, api::Session *out)
   p.n_ctx = o.n_ctx;
   p.n_threads = o.threads;
   p.chunk = o.batch;
+  apply_kv_types(o.dev, &p);
   p.sampling = o.sampling;
   if (api::Error e = api::Session::create(m, &p, out)) {
     report(e);

@@ -14,9 +14,22 @@
 
 namespace geist::cli {
 
+// Where a model runs and how its sessions store KV rows: --backend, --device, -ctk, -ctv.
+struct DeviceOptions {
+  std::string backend = "cpu";
+  int device = 0;
+  std::string type_k = "f32", type_v = "f32";
+};
+void add_device_options(CLI::App *sub, DeviceOptions *o);
+// The model parameters of o (backend, device) over the defaults.
+geist_model_params model_params(const DeviceOptions &o);
+// Set p's KV types from o.
+void apply_kv_types(const DeviceOptions &o, geist_session_params *p);
+
 // Options of a generating session: the model file, the session's geometry, sampling.
 struct GenOptions {
   std::string model;
+  DeviceOptions dev;
   int threads = 0;
   int64_t n_ctx = 0;
   int batch = 256;
@@ -34,9 +47,11 @@ void add_gen_options(CLI::App *sub, GenOptions *o);
 // One line "geist: error: MESSAGE" on stderr; returns the exit code to use (1).
 int report(const api::Error &e);
 
-// Load a model; on failure print one error line and return false. A missing default
-// model gets a hint on how to fetch it. *load_seconds: wall time of the load.
-bool load_api_model(const std::string &path, api::Model *out, double *load_seconds = nullptr);
+// Load a model on dev's backend (the CPU if null); on failure print one error line and
+// return false. A missing default model gets a hint on how to fetch it. *load_seconds:
+// wall time of the load.
+bool load_api_model(const std::string &path, api::Model *out, double *load_seconds = nullptr,
+                    const DeviceOptions *dev = nullptr);
 
 // Whether the snapshot file `path` named by `flag` (--prompt-cache, --save) may be
 // written: never one of `inputs` (the model, the prompt file; compared by identity) and

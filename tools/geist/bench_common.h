@@ -17,6 +17,7 @@ namespace geist::cli {
 // -m, --json, --plot, --hash, --no-progress (threads differ: pp-tg takes a list).
 struct BenchCommon {
   std::string model, json, plot;
+  DeviceOptions dev;
   bool hash = false, no_progress = false;
 };
 void add_bench_common(CLI::App *sub, BenchCommon *o);

@@ -102,8 +102,11 @@ bench::Environment collect_environment(const std::string &command, const api::Mo
   cpu_isa(&e.cpu_level, &e.cpu_features);
   {
     const geist_backend_info b = m.backend();
-    e.isa = std::string(b.isa_detail) + ", best " + b.isa_best + ", repacked " +
-            std::to_string(b.packed_bytes >> 20) + " MiB in " + std::to_string(int(b.repack_seconds * 1000)) + " ms";
+    e.backend = b.backend;
+    e.device = b.device;
+    e.isa = std::string(b.isa_detail) + ", best " + b.isa_best + ", " +
+            (e.backend == "cpu" ? "repacked " : "on the device ") + std::to_string(b.packed_bytes >> 20) + " MiB in " +
+            std::to_string(int(b.repack_seconds * 1000)) + " ms";
   }
   e.threads = threads > 0 ? threads : e.cpu_threads;
   const geist_model_info info = m.info();

@@ -246,6 +246,7 @@ json to_json(const Environment &e) {
       {"cpu_features", e.cpu_features},
       {"isa", e.isa},
       {"backend", e.backend},
+      {"device", e.device},
       {"threads", e.threads},
       {"model",
        {{"path", e.model_path},
@@ -267,8 +268,8 @@ std::string environment_text(const Environment &e) {
                         e.geist_version.c_str(), e.geist_commit.c_str(), e.time_utc.c_str());
   out += fmt("cpu: %s, %d hardware threads; supports %s (%s)\n", e.cpu.c_str(), e.cpu_threads,
              e.cpu_level.c_str(), features.c_str());
-  out += fmt("kernels: %s | backend: %s | threads: %d | n_ctx: %lld\n", e.isa.c_str(),
-             e.backend.c_str(), e.threads, (long long)e.n_ctx);
+  out += fmt("kernels: %s | backend: %s (%s) | threads: %d | n_ctx: %lld\n", e.isa.c_str(),
+             e.backend.c_str(), e.device.c_str(), e.threads, (long long)e.n_ctx);
   out +=
       fmt("model: %s (%s%s%s, %.1f MiB = %lld bytes, %.1f M params, fingerprint %s, sha256 %s)\n",
           e.model_path.c_str(), e.model_arch.c_str(), e.model_name.empty() ? "" : " ",
@@ -394,8 +395,8 @@ json pptg_record_json(const Environment &env, const PpTgTest &t) {
   return json{{"build_commit", env.geist_commit},
               {"geist_version", env.geist_version},
               {"cpu_info", env.cpu},
-              {"gpu_info", ""},
-              {"backends", "CPU"},
+              {"gpu_info", env.backend == "cpu" ? "" : env.device},
+              {"backends", env.backend == "cpu" ? "CPU" : "CUDA"},
               {"isa", env.isa},
               {"model_filename", env.model_path},
               {"model_type", model_type(env)},
@@ -439,7 +440,8 @@ std::string pptg_markdown(const Environment &env, const std::vector<PpTgTest> &t
   const std::string params_s = np < 1e9 ? fmt("%.2f M", np / 1e6) : fmt("%.2f B", np / 1e9);
   for (const PpTgTest &t : tests) {
     const std::vector<double> ts = t.samples_ts();
-    rows.push_back({model_type(env), size_s, params_s, "CPU", std::to_string(t.n_threads), t.name(),
+    rows.push_back({model_type(env), size_s, params_s, env.backend == "cpu" ? "CPU" : "CUDA",
+                    std::to_string(t.n_threads), t.name(),
                     fmt("%.2f ± %.2f", mean(ts), stddev(ts))});
   }
   return format_table({"model", "size", "params", "backend", "threads", "test", "t/s"}, rows,

@@ -112,6 +112,7 @@ struct Environment {
   std::vector<std::string> cpu_features;  // ISA extensions of interest the CPU has
   std::string isa;                        // what the kernels use: "auto (target_clones: x86-64-v4)"
   std::string backend = "cpu";
+  std::string device;  // the backend's device in words
   int threads = 0;  // compute threads of each session
   std::string model_path, model_name, model_arch;
   int64_t model_size = 0;  // bytes of the GGUF file

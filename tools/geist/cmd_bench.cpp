@@ -24,6 +24,7 @@ namespace geist::cli {
 
 void add_bench_common(CLI::App *sub, BenchCommon *o) {
   add_model_option(sub, &o->model);
+  add_device_options(sub, &o->dev);
   sub->add_option("--json", o->json, "Write the results as JSON to FILE (schema: docs/BENCH.md)");
   sub->add_option("--plot", o->plot, "Draw the results as an SVG picture in FILE");
   sub->add_flag("--hash", o->hash, "Hash the model file (SHA-256; reads all of it) for the header");

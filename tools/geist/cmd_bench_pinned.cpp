@@ -544,7 +544,7 @@ int run(const PinnedOptions &o) {
   }
   if (!outputs_writable(o.c)) return 1;
   api::Model model;
-  if (!load_api_model(o.c.model, &model)) return 1;
+  if (!load_api_model(o.c.model, &model, nullptr, &o.c.dev)) return 1;
   const geist_model_info info = model.info();
   const int64_t n_ctx = o.n_ctx > 0 ? o.n_ctx : info.n_ctx_train;
   if (int64_t(o.prompt) + o.gen > n_ctx) {
@@ -569,6 +569,7 @@ int run(const PinnedOptions &o) {
   sp.n_ctx = n_ctx;
   sp.n_threads = o.threads;
   sp.chunk = o.chunk;
+  apply_kv_types(o.c.dev, &sp);
   sp.sampling.temperature = 0;  // greedy: every mode must generate the same tokens
   signal(SIGPIPE, SIG_IGN);     // a worker that dies is reported, not fatal to the parent
   std::vector<Child> children;

@@ -44,6 +44,7 @@ bool run_test(const api::Model &m, const std::vector<geist_token> &tokens, const
   p.n_ctx = t->n_ctx;
   p.n_threads = t->n_threads;
   p.chunk = t->n_batch;
+  apply_kv_types(o.c.dev, &p);
   p.sampling.temperature = 0;
   api::Session s;
   api::Error e = api::Session::create(m, &p, &s);
@@ -78,7 +79,7 @@ bool run_test(const api::Model &m, const std::vector<geist_token> &tokens, const
 int run(const PpTgOptions &o) {
   if (!outputs_writable(o.c)) return 1;
   api::Model model;
-  if (!load_api_model(o.c.model, &model)) return 1;
+  if (!load_api_model(o.c.model, &model, nullptr, &o.c.dev)) return 1;
   const geist_model_info info = model.info();
   std::vector<bench::PpTgTest> tests;
   int64_t max_ctx = 0;

@@ -84,7 +84,7 @@ int run(const RowsOptions &o) {
 
   if (!outputs_writable(o.c)) return 1;
   api::Model model;
-  if (!load_api_model(o.c.model, &model)) return 1;
+  if (!load_api_model(o.c.model, &model, nullptr, &o.c.dev)) return 1;
   const geist_model_info info = model.info();
   std::vector<geist_token> corpus, tokens;
   if (api::Error e = corpus_tokens(model, &corpus)) return report(e);
@@ -96,6 +96,7 @@ int run(const RowsOptions &o) {
   p.n_ctx = int64_t(o.depth) + max_n;
   p.n_threads = o.threads;
   p.chunk = max_n;
+  apply_kv_types(o.c.dev, &p);
   api::Session s;
   api::Error e = api::Session::create(model, &p, &s);
   if (!e && o.depth > 0) e = s.pin_prefix(tokens.data(), size_t(o.depth));

@@ -116,7 +116,7 @@ int chat(const ChatOptions &o) {
   // model loads and the first reply streams.
   if (!o.save.empty() && !check_snapshot_target("--save", o.save, {{o.g.model, "the model file"}})) return 1;
   api::Model model;
-  if (!load_api_model(o.g.model, &model)) return 1;
+  if (!load_api_model(o.g.model, &model, nullptr, &o.g.dev)) return 1;
   ChatFormat fmt;
   if (api::Error e = ChatFormat::make(model, &fmt)) return report(e);
   api::Session s;

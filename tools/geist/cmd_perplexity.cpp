@@ -23,6 +23,7 @@ struct PplOptions {
   int batch = 512;
   int threads = 0;
   int chunks = -1;
+  DeviceOptions dev;
 };
 
 // -log softmax(logits)[target], in double.
@@ -38,7 +39,7 @@ int perplexity(const PplOptions &o) {
   std::string text;
   if (!read_text_file(o.file, &text)) return 1;
   api::Model model;
-  if (!load_api_model(o.model, &model)) return 1;
+  if (!load_api_model(o.model, &model, nullptr, &o.dev)) return 1;
   std::vector<geist_token> tokens;
   if (api::Error e = model.tokenize(text, true, false, &tokens)) return report(e);
   if (tokens.size() < 2 * size_t(o.n_ctx)) {
@@ -56,6 +57,7 @@ int perplexity(const PplOptions &o) {
   g.n_ctx = o.n_ctx;
   g.batch = std::min(o.batch, o.n_ctx);
   g.threads = o.threads;
+  g.dev = o.dev;
   api::Session s;
   if (!create_session(model, g, &s)) return 1;
   std::fprintf(stderr, "perplexity: %zu tokens, windows of %d, scoring positions %d..%d of each\n", tokens.size(),
@@ -100,6 +102,7 @@ Runner add_perplexity(CLI::App &app) {
   auto o = std::make_shared<PplOptions>();
   CLI::App *sub = app.add_subcommand("perplexity", "Perplexity of a text file (llama.cpp's method)");
   add_model_option(sub, &o->model);
+  add_device_options(sub, &o->dev);
   sub->add_option("-f,--file", o->file, "Text file")->required();
   sub->add_option("-c,--ctx,--ctx-size", o->n_ctx, "Window size in tokens")
       ->capture_default_str()

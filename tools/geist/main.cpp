@@ -5,6 +5,9 @@
 #include <exception>
 #include <map>
 #include <new>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "commands.h"
 
@@ -44,8 +47,17 @@ int run_main(int argc, char **argv) {
       return 2;
     }
   }
+  // llama.cpp's multi-letter short flags, which CLI11 cannot declare: -ctk X / -ctk=X.
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i) {  // CLI11 takes the arguments in reverse order
+    std::string a = argv[i];
+    for (const auto &[from, to] : {std::pair{"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"}}) {
+      if (a == from || a.rfind(std::string(from) + "=", 0) == 0) a = to + a.substr(std::strlen(from));
+    }
+    args.push_back(std::move(a));
+  }
   try {
-    app.parse(argc, argv);
+    app.parse(args);
   } catch (const CLI::CallForHelp &e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp &e) {

@@ -17,15 +17,14 @@
 namespace geist {
 namespace {
 
+// K and V rings of every layer in the store's types (kv_type.h), one anonymous mapping.
 class CpuKvStore final : public KvStore {
  public:
   static Result<std::unique_ptr<CpuKvStore>> create(const std::vector<KvLayerSpec> &layers, int64_t n_ctx,
-                                                    int max_chunk) {
-    std::unique_ptr<CpuKvStore> c(new CpuKvStore(layers, n_ctx, max_chunk));
+                                                    int max_chunk, KvType tk, KvType tv) {
+    std::unique_ptr<CpuKvStore> c(new CpuKvStore(layers, n_ctx, max_chunk, tk, tv));
     size_t total = 0;
-    for (int l = 0; l < c->n_layers(); ++l) {
-      total += 2 * size_t(c->capacity(l)) * size_t(c->spec(l).row_floats) * sizeof(float);
-    }
+    for (int l = 0; l < c->n_layers(); ++l) total += c->block_bytes(l, c->capacity(l));
     if (total > 0) {
       void *m = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (m == MAP_FAILED) {
@@ -35,12 +34,12 @@ class CpuKvStore final : public KvStore {
       c->mapping_ = m;
     }
     c->bytes_ = total;
-    float *p = static_cast<float *>(c->mapping_);
+    uint8_t *p = static_cast<uint8_t *>(c->mapping_);
     for (int l = 0; l < c->n_layers(); ++l) {
-      const size_t n = size_t(c->capacity(l)) * size_t(c->spec(l).row_floats);
       c->k_.push_back(p);
-      c->v_.push_back(p + n);
-      p += 2 * n;
+      p += size_t(c->capacity(l)) * c->row_bytes_k(l);
+      c->v_.push_back(p);
+      p += size_t(c->capacity(l)) * c->row_bytes_v(l);
     }
     return c;
   }
@@ -49,37 +48,41 @@ class CpuKvStore final : public KvStore {
   }
 
   size_t bytes_reserved() const override { return bytes_; }
-  float *k(int l) const { return k_[l]; }
-  float *v(int l) const { return v_[l]; }
+  const uint8_t *k(int l) const { return k_[l]; }
+  const uint8_t *v(int l) const { return v_[l]; }
 
-  void read_rows(int l, int64_t from, int64_t to, float *dst) const override {
-    const size_t rf = size_t(spec(l).row_floats), n = size_t(to - from);
+  void read_rows(int l, int64_t from, int64_t to, void *dst) const override {
+    const size_t bk = row_bytes_k(l), bv = row_bytes_v(l), n = size_t(to - from);
+    uint8_t *d = static_cast<uint8_t *>(dst);
     for (int64_t p = from; p < to; ++p) {
       const size_t s = slot(l, p), i = size_t(p - from);
-      std::memcpy(dst + i * rf, k_[l] + s * rf, rf * sizeof(float));
-      std::memcpy(dst + (n + i) * rf, v_[l] + s * rf, rf * sizeof(float));
+      std::memcpy(d + i * bk, k_[l] + s * bk, bk);
+      std::memcpy(d + n * bk + i * bv, v_[l] + s * bv, bv);
     }
   }
 
-  void write_rows(int l, int64_t from, int64_t to, const float *src) override {
-    const size_t rf = size_t(spec(l).row_floats), n = size_t(to - from);
+  void write_rows(int l, int64_t from, int64_t to, const void *src) override {
+    const size_t bk = row_bytes_k(l), bv = row_bytes_v(l), n = size_t(to - from);
+    const uint8_t *d = static_cast<const uint8_t *>(src);
     for (int64_t p = from; p < to; ++p) {
       const size_t s = slot(l, p), i = size_t(p - from);
-      std::memcpy(k_[l] + s * rf, src + i * rf, rf * sizeof(float));
-      std::memcpy(v_[l] + s * rf, src + (n + i) * rf, rf * sizeof(float));
+      std::memcpy(k_[l] + s * bk, d + i * bk, bk);
+      std::memcpy(v_[l] + s * bv, d + n * bk + i * bv, bv);
     }
   }
 
+  // Rows [n_rows][row_floats] f32 of positions pos0.. stored in the store's types.
   void append(int l, int64_t pos0, int n_rows, const float *k, const float *v) {
-    const size_t rf = size_t(spec(l).row_floats);
+    const int64_t rf = spec(l).row_floats;
+    const size_t bk = row_bytes_k(l), bv = row_bytes_v(l);
     for (int r = 0; r < n_rows; ++r) {
       const size_t s = slot(l, pos0 + r);
-      std::memcpy(k_[l] + s * rf, k + size_t(r) * rf, rf * sizeof(float));
-      std::memcpy(v_[l] + s * rf, v + size_t(r) * rf, rf * sizeof(float));
+      store_row(type_k(), k + size_t(r) * size_t(rf), rf, k_[l] + s * bk);
+      store_row(type_v(), v + size_t(r) * size_t(rf), rf, v_[l] + s * bv);
     }
   }
 
-  int64_t rewind_rows(int l, int64_t n_pin, int64_t n_past, const float *saved) override {
+  int64_t rewind_rows(int l, int64_t n_pin, int64_t n_past, const void *saved) override {
     if (spec(l).window == 0 || n_past <= n_pin) return 0;
     const int64_t from = first_live(l, n_pin);
     // Position q's slot was overwritten iff some position in [n_pin, n_past) maps to it,
@@ -87,21 +90,26 @@ class CpuKvStore final : public KvStore {
     // n_pin - q).
     const int64_t to = std::min(n_pin, n_past - capacity(l));
     if (to <= from) return 0;
-    const size_t rf = size_t(spec(l).row_floats), rows = size_t(n_pin - from);
+    const size_t bk = row_bytes_k(l), bv = row_bytes_v(l), rows = size_t(n_pin - from);
+    const uint8_t *d = static_cast<const uint8_t *>(saved);
     for (int64_t q = from; q < to; ++q) {
       const size_t s = slot(l, q), i = size_t(q - from);
-      std::memcpy(k_[l] + s * rf, saved + i * rf, rf * sizeof(float));
-      std::memcpy(v_[l] + s * rf, saved + (rows + i) * rf, rf * sizeof(float));
+      std::memcpy(k_[l] + s * bk, d + i * bk, bk);
+      std::memcpy(v_[l] + s * bv, d + rows * bk + i * bv, bv);
     }
     return to - from;
   }
 
  private:
-  CpuKvStore(const std::vector<KvLayerSpec> &layers, int64_t n_ctx, int max_chunk)
-      : KvStore(layers, n_ctx, max_chunk) {}
+  CpuKvStore(const std::vector<KvLayerSpec> &layers, int64_t n_ctx, int max_chunk, KvType tk, KvType tv)
+      : KvStore(layers, n_ctx, max_chunk, tk, tv) {}
   size_t slot(int l, int64_t p) const { return size_t(p % capacity(l)); }
+  static void store_row(KvType t, const float *x, int64_t n, uint8_t *dst) {
+    GEIST_CHECK(t == KvType::F32, "KV type not supported by the CPU backend");
+    std::memcpy(dst, x, size_t(n) * sizeof(float));
+  }
 
-  std::vector<float *> k_, v_;
+  std::vector<uint8_t *> k_, v_;
   void *mapping_ = nullptr;
   size_t bytes_ = 0;
 };
@@ -169,7 +177,7 @@ class CpuExec final : public Exec {
   void attention(const KvStore &kv, int l, Act q, Act out, int n_rows, int n_head, int head_dim, int window,
                  float scale) override {
     const auto &c = static_cast<const CpuKvStore &>(kv);
-    cpu::AttentionArgs a{q.p,    c.k(l),   c.v(l), out.p, n_rows, pos0_, c.capacity(l), n_head,
+    cpu::AttentionArgs a{q.p, reinterpret_cast<const float *>(c.k(l)), reinterpret_cast<const float *>(c.v(l)), out.p, n_rows, pos0_, c.capacity(l), n_head,
                          int(c.spec(l).row_floats / head_dim), head_dim, window, scale};
     cpu::attention(a, pool_);
   }
@@ -221,12 +229,14 @@ class CpuBackend final : public Backend {
   uint64_t weight_bytes() const override { return packed_.bytes(); }
   double prepare_seconds() const override { return seconds_; }
 
-  Result<std::unique_ptr<KvStore>> create_kv(const std::vector<KvLayerSpec> &layers, int64_t n_ctx,
-                                             int max_chunk) override {
-    if (n_ctx < 1) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "n_ctx must be >= 1 (got %lld)", (long long)n_ctx);
-    if (max_chunk < 1) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "chunk size must be >= 1 (got %d)", max_chunk);
+  Result<std::unique_ptr<KvStore>> create_kv(const std::vector<KvLayerSpec> &layers, int64_t n_ctx, int max_chunk,
+                                             KvType tk, KvType tv) override {
+    GEIST_RETURN_IF_ERROR(check_kv_args(layers, n_ctx, max_chunk, tk, tv));
+    if (tk != KvType::F32 || tv != KvType::F32) {
+      return GEIST_ERROR(GEIST_E_UNSUPPORTED, "the CPU backend stores f32 KV rows only");
+    }
     std::unique_ptr<CpuKvStore> c;
-    GEIST_ASSIGN_OR_RETURN(c, CpuKvStore::create(layers, n_ctx, max_chunk));
+    GEIST_ASSIGN_OR_RETURN(c, CpuKvStore::create(layers, n_ctx, max_chunk, tk, tv));
     return std::unique_ptr<KvStore>(std::move(c));
   }
   Result<std::unique_ptr<Exec>> create_exec(int n_threads, int max_chunk) override {
