@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -794,6 +795,78 @@ CUDA_TEST(CudaOps, AttentionBatchInvariantOnDevice) {
       ASSERT_TRUE(bits_equal(parts.got.data(), whole.got.data(), whole.got.size())) << "chunk " << chunk;
     }
   }
+}
+
+}  // namespace
+}  // namespace geist
+
+namespace geist {
+namespace {
+
+// Timings of a few model-sized calls (information for the speed work, not a pass/fail check):
+// run with --gtest_also_run_disabled_tests. Host clock around `iters` calls after a warm-up.
+template <class F>
+double time_ms(F &&f, int iters) {
+  f();
+  if (!cu::stream_sync(cuda_env().s)) return -1;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) f();
+  if (!cu::stream_sync(cuda_env().s)) return -1;
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / iters;
+}
+
+CUDA_TEST(CudaOps, DISABLED_Perf) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(3);
+  cu::CudaStream s = cuda_env().s;
+  const int64_t k = 2560, n = 10240;  // Gemma 4 E4B's FFN up/gate
+  DevBuf dx(random_acts(512, k, rng)), dy(size_t(512) * n * 4);
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16}) {
+    const std::vector<uint8_t> w = random_matrix(t, k, n, rng);
+    DevBuf dw(w);
+    const cu::DevMatrix m = dev_matrix(dw, t, k, n);
+    DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m, 512)));
+    for (cu::ActMode mode : {cu::ActMode::Q8, cu::ActMode::F32}) {
+      for (int rows : {1, 7, 64, 512}) {
+        const double ms = time_ms([&] { (void)cu::matmul(m, dx.as<float>(), dy.as<float>(), rows, mode, scratch.as(), s); },
+                                  rows >= 64 ? 3 : 10);
+        std::printf("PERF matmul %-5s %s %5lldx%-6lld rows %3d: %8.3f ms  %7.1f GB/s weights  %8.1f GFLOP/s\n",
+                    quant::type_name(t), mode == cu::ActMode::Q8 ? "q8 " : "f32", (long long)k, (long long)n, rows, ms,
+                    double(w.size()) / (ms * 1e6), 2.0 * k * n * rows / (ms * 1e6));
+      }
+    }
+  }
+  for (KvType t : {KvType::F32, KvType::Q8_0}) {
+    for (int rows : {1, 64, 512}) {
+      AttnCase c{rows, 8, 2, 256, 0, 4096, 4096 + 512, t, t};
+      std::mt19937 r2(4);
+      // Reuses run_attention's setup once for the rings; times the device call alone.
+      const int64_t row = int64_t(c.n_head_kv) * c.head_dim;
+      DevBuf dk(c.capacity * kv_row_bytes(t, row)), dv(c.capacity * kv_row_bytes(t, row));
+      DevBuf kf(randn(size_t(c.capacity) * row, r2)), dq(randn(size_t(rows) * c.n_head * c.head_dim, r2));
+      DevBuf dout(size_t(rows) * c.n_head * c.head_dim * 4), dp(std::vector<int64_t>{0}), dp0(std::vector<int64_t>{c.pos0});
+      CU_OK(cu::kv_append(t, dk.as(), c.capacity, row, dp.as<int64_t>(), int(c.capacity), kf.as<float>(), s));
+      CU_OK(cu::kv_append(t, dv.as(), c.capacity, row, dp.as<int64_t>(), int(c.capacity), kf.as<float>(), s));
+      cu::AttnArgs g;
+      g.q = dq.as<float>();
+      g.k = dk.as();
+      g.v = dv.as();
+      g.k_type = g.v_type = t;
+      g.out = dout.as<float>();
+      g.n_rows = rows;
+      g.pos0 = dp0.as<int64_t>();
+      g.capacity = c.capacity;
+      g.n_head = c.n_head;
+      g.n_head_kv = c.n_head_kv;
+      g.head_dim = c.head_dim;
+      g.scale = 0.0625f;
+      const double ms = time_ms([&] { (void)cu::attention(g, s); }, 3);
+      std::printf("PERF attention %-4s rows %3d at 4096 cached, 8/2 heads, hd 256: %8.3f ms\n", kv_type_name(t), rows, ms);
+    }
+  }
+  DevBuf xn(randn(size_t(512) * 2560, rng));
+  const double ms = time_ms([&] { (void)cu::rmsnorm(xn.as<float>(), nullptr, xn.as<float>(), 512, 2560, 1e-6f, s); }, 5);
+  std::printf("PERF rmsnorm 512 x 2560: %.3f ms\n", ms);
 }
 
 }  // namespace
