@@ -107,12 +107,13 @@ size_t matmul_scratch_bytes(const DevMatrix &w, int max_rows);
 // scratch: >= matmul_scratch_bytes(w, n_rows) bytes (may be null when that is 0); in use
 // until the stream passes this call. Bits: equal to cpu::matmul_generic in the same mode
 // (Q8: quant::quantize_row + dot_unpacked / dot_q8_0_blocks; F32: dequantize_row + the
-// 16-lane dot_f32 of ops.cpp), for every type. Cost: one warp per (output, 8 rows).
+// 16-lane dot_f32 of ops.cpp), for every type. n_rows <= 65535. Cost: one warp per
+// (output, 8 rows), so decode streams the weights once and prefill re-reads them per 8 rows.
 Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode mode, void *scratch,
               CudaStream s);
 
 // out[r] = dequant(table row ids[r]) * scale; an id outside [0, table.n_out) gives a zero row
-// (Gemma 4's per-layer embeddings). ids: [n] int32 (device), out: [n][table.n_in].
+// (Gemma 4's per-layer embeddings). ids: [n] int32 (device), out: [n][table.n_in]; n <= 65535.
 // Bits: cpu::embedding_gather's.
 Status embed(const DevMatrix &table, const int32_t *ids, int n, float scale, float *out, CudaStream s);
 

@@ -292,7 +292,10 @@ size_t matmul_scratch_bytes(const DevMatrix &w, int max_rows) {
 Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode mode, void *scratch,
               CudaStream s) {
   GEIST_RETURN_IF_ERROR(check_matrix(w, "cuda::matmul"));
-  if (n_rows < 0 || (n_rows > 0 && (x == nullptr || y == nullptr))) return bad_arg("cuda::matmul: bad rows or null x/y");
+  // n_rows is a grid dimension of the activation quantizer (at most 65535).
+  if (n_rows < 0 || n_rows > 65535 || (n_rows > 0 && (x == nullptr || y == nullptr))) {
+    return bad_arg("cuda::matmul: n_rows outside [0, 65535] or null x/y");
+  }
   if (n_rows == 0) return Status::ok();
   const int64_t K = w.n_in;
   const dim3 grid(unsigned((w.n_out + kWarpsPerBlock - 1) / kWarpsPerBlock),
@@ -328,7 +331,9 @@ Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode 
 
 Status embed(const DevMatrix &table, const int32_t *ids, int n, float scale, float *out, CudaStream s) {
   GEIST_RETURN_IF_ERROR(check_matrix(table, "cuda::embed"));
-  if (n < 0 || (n > 0 && (ids == nullptr || out == nullptr))) return bad_arg("cuda::embed: bad n or null ids/out");
+  if (n < 0 || n > 65535 || (n > 0 && (ids == nullptr || out == nullptr))) {
+    return bad_arg("cuda::embed: n outside [0, 65535] or null ids/out");
+  }
   if (n == 0) return Status::ok();
   const dim3 grid(unsigned((table.n_in + 255) / 256), unsigned(n));
   dispatch_all(table.type, [&](auto tag) {
