@@ -20,6 +20,8 @@ struct WeightView {
   // rows of `group_bytes`, owned by the model. `data` still points at the mapped original.
   const uint8_t *packed = nullptr;
   size_t group_bytes = 0;
+  // Set by a device backend at prepare: the same bytes as `data`, in device memory.
+  const uint8_t *device = nullptr;
 
   const uint8_t *row(int64_t n) const { return data + static_cast<size_t>(n) * row_bytes; }
   bool valid() const { return data != nullptr; }

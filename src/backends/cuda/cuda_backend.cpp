@@ -1,0 +1,422 @@
+// The CUDA backend: the kernels of kernels.h behind the seam of backend.h. Weights are
+// uploaded once, as stored (quantized), and shared by every session; each session gets a
+// stream, device scratch, a step block (tokens, first position, RoPE rows) and device KV
+// rings. Only the logit rows a caller asked for come back to the host, at end_step.
+//
+// Compiled only with -DGEIST_CUDA=ON (src/CMakeLists.txt); plain C++ over kernels.h, so it
+// needs no CUDA headers.
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cpu/ops.h"
+#include "backends/cuda/kernels.h"
+#include "base/timer.h"
+
+namespace geist {
+namespace {
+
+using cuda::CudaStream;
+
+// A status from a CUDA call, with what geist was doing and on which device.
+Status on_device(const Status &s, const std::string &device, const char *what) {
+  if (s.is_ok()) return s;
+  return Status(s.code(), std::string(what) + " on " + device + ": " + s.message());
+}
+
+class CudaKvStore final : public KvStore {
+ public:
+  CudaKvStore(const std::vector<KvLayerSpec> &layers, int64_t n_ctx, int max_chunk, KvType tk, KvType tv,
+              int device, std::string name)
+      : KvStore(layers, n_ctx, max_chunk, tk, tv), device_(device), name_(std::move(name)) {}
+  ~CudaKvStore() override {
+    if (cuda::set_device(device_).is_ok()) {
+      for (void *p : rings_) cuda::device_free(p);
+    }
+  }
+
+  Status allocate() {
+    for (int l = 0; l < n_layers(); ++l) {
+      for (size_t bytes : {size_t(capacity(l)) * row_bytes_k(l), size_t(capacity(l)) * row_bytes_v(l)}) {
+        Result<void *> p = cuda::device_alloc(std::max<size_t>(bytes, 1));
+        if (!p) {
+          return GEIST_ERROR(GEIST_E_OUT_OF_MEMORY,
+                             "the KV cache (%.1f MiB for n_ctx %lld) does not fit on %s: %s; ask for a smaller "
+                             "context (-c) or a smaller KV type (-ctk/-ctv)",
+                             double(total_bytes()) / 1048576.0, (long long)n_ctx(), name_.c_str(),
+                             p.status().message().c_str());
+        }
+        rings_.push_back(*p);
+        bytes_ += bytes;
+      }
+    }
+    return Status::ok();
+  }
+  size_t total_bytes() const {
+    size_t b = 0;
+    for (int l = 0; l < n_layers(); ++l) b += block_bytes(l, capacity(l));
+    return b;
+  }
+
+  size_t bytes_reserved() const override { return bytes_; }
+  void *k(int l) const { return rings_[2 * size_t(l)]; }
+  void *v(int l) const { return rings_[2 * size_t(l) + 1]; }
+  int device() const { return device_; }
+
+  // Host copies by position. The session calls these between forward passes, which end
+  // synchronized, so the legacy stream's synchronous copies see every row.
+  void read_rows(int l, int64_t from, int64_t to, void *dst) const override {
+    if (to <= from) return;
+    uint8_t *d = static_cast<uint8_t *>(dst);
+    const int64_t rf = spec(l).row_floats, cap = capacity(l);
+    check(cuda::kv_read_positions(type_k(), k(l), cap, rf, from, to, d, nullptr), "reading K rows");
+    check(cuda::kv_read_positions(type_v(), v(l), cap, rf, from, to, d + size_t(to - from) * row_bytes_k(l),
+                                  nullptr),
+          "reading V rows");
+    check(cuda::stream_sync(nullptr), "reading KV rows");
+  }
+  void write_rows(int l, int64_t from, int64_t to, const void *src) override {
+    if (to <= from) return;
+    const uint8_t *d = static_cast<const uint8_t *>(src);
+    const int64_t rf = spec(l).row_floats, cap = capacity(l);
+    check(cuda::kv_write_positions(type_k(), k(l), cap, rf, from, to, d, nullptr), "writing K rows");
+    check(cuda::kv_write_positions(type_v(), v(l), cap, rf, from, to, d + size_t(to - from) * row_bytes_k(l),
+                                   nullptr),
+          "writing V rows");
+    check(cuda::stream_sync(nullptr), "writing KV rows");
+  }
+  int64_t rewind_rows(int l, int64_t n_pin, int64_t n_past, const void *saved) override {
+    if (spec(l).window == 0 || n_past <= n_pin) return 0;
+    const int64_t from = first_live(l, n_pin), to = std::min(n_pin, n_past - capacity(l));
+    if (to <= from) return 0;
+    // The saved block holds [from, n_pin): its K rows, then its V rows.
+    const uint8_t *d = static_cast<const uint8_t *>(saved);
+    const size_t rows = size_t(n_pin - from);
+    const int64_t rf = spec(l).row_floats, cap = capacity(l);
+    check(cuda::kv_write_positions(type_k(), k(l), cap, rf, from, to, d, nullptr), "rewinding K rows");
+    check(cuda::kv_write_positions(type_v(), v(l), cap, rf, from, to, d + rows * row_bytes_k(l), nullptr),
+          "rewinding V rows");
+    check(cuda::stream_sync(nullptr), "rewinding KV rows");
+    return to - from;
+  }
+
+ private:
+  // These copies have no error path in the KvStore interface: a device that fails a copy
+  // of memory it allocated is broken, and is reported as an internal error.
+  void check(const Status &s, const char *what) const {
+    GEIST_CHECK(s.is_ok(), (std::string(what) + " on " + name_ + ": " + s.message()).c_str());
+  }
+
+  int device_;
+  std::string name_;
+  std::vector<void *> rings_;  // K, V of each layer
+  size_t bytes_ = 0;
+};
+
+class CudaExec final : public Exec {
+ public:
+  CudaExec(int device, std::string name, int max_chunk, size_t matmul_scratch)
+      : device_(device), name_(std::move(name)), max_rows_(max_chunk), matmul_scratch_bytes_(matmul_scratch) {}
+  ~CudaExec() override {
+    if (!cuda::set_device(device_).is_ok()) return;
+    if (stream_) {
+      (void)cuda::stream_sync(stream_);
+      cuda::stream_destroy(stream_);
+    }
+    for (auto &b : bufs_) cuda::device_free(b.p);
+    cuda::device_free(step_);
+    cuda::device_free(scratch_);
+  }
+
+  Status init() {
+    GEIST_RETURN_IF_ERROR(on_device(cuda::set_device(device_), name_, "selecting the device"));
+    Result<CudaStream> s = cuda::stream_create();
+    if (!s) return on_device(s.status(), name_, "creating a stream");
+    stream_ = *s;
+    // Step block: tokens [max_rows] int32, then pos0 (int64, 8-aligned).
+    step_tokens_bytes_ = (size_t(max_rows_) * sizeof(int32_t) + 7) / 8 * 8;
+    GEIST_RETURN_IF_ERROR(alloc(&step_, step_tokens_bytes_ + sizeof(int64_t), "the step block"));
+    if (matmul_scratch_bytes_ > 0) GEIST_RETURN_IF_ERROR(alloc(&scratch_, matmul_scratch_bytes_, "matmul scratch"));
+    host_step_.resize(step_tokens_bytes_ + sizeof(int64_t));
+    return Status::ok();
+  }
+
+  int n_threads() const override { return 1; }
+
+  Act buffer(int slot, int64_t width) override {
+    if (slot >= int(bufs_.size())) bufs_.resize(size_t(slot) + 1);
+    Buf &b = bufs_[size_t(slot)];
+    const size_t n = size_t(max_rows_) * size_t(width);
+    if (b.n < n) {
+      // Only reserve() grows a buffer (forward asks for no more than it reserved).
+      cuda::device_free(b.p);
+      b.p = nullptr;
+      b.n = 0;
+      void *p = nullptr;
+      if (Status s = alloc(&p, n * sizeof(float), "scratch"); !s.is_ok()) {
+        fail(s);
+        return {nullptr, width};
+      }
+      b.p = static_cast<float *>(p);
+      b.n = n;
+    }
+    return {b.p, width};
+  }
+
+  void begin_step(const int32_t *tokens, int n_rows, int64_t pos0) override {
+    error_ = Status::ok();
+    outputs_.clear();
+    n_rows_ = n_rows;
+    pos0_ = pos0;
+    fail(on_device(cuda::set_device(device_), name_, "selecting the device"));
+    std::memcpy(host_step_.data(), tokens, size_t(n_rows) * sizeof(int32_t));
+    std::memcpy(host_step_.data() + step_tokens_bytes_, &pos0, sizeof pos0);
+    run(cuda::upload_async(step_, host_step_.data(), host_step_.size(), stream_), "uploading the step");
+  }
+
+  Act rope_rows(int slot, const cpu::RopeTable &t) override {
+    const Act cs = buffer(slot, t.rot_dim());
+    std::vector<float> &h = host_rope_[slot];
+    h.resize(size_t(n_rows_) * size_t(t.rot_dim()));
+    t.fill(pos0_, n_rows_, h.data());
+    run(cuda::upload_async(cs.p, h.data(), h.size() * sizeof(float), stream_), "uploading RoPE rows");
+    return cs;
+  }
+
+  Act output(float *host, int64_t width, int n_rows) override {
+    const Act y = buffer(kOutputSlot, width);
+    outputs_.push_back({host, y.p, size_t(n_rows) * size_t(width) * sizeof(float)});
+    return y;
+  }
+
+  Status end_step() override {
+    for (const Output &o : outputs_) {
+      if (o.bytes) run(cuda::download_async(o.host, o.dev, o.bytes, stream_), "copying logits to the host");
+    }
+    outputs_.clear();
+    if (error_.is_ok()) error_ = on_device(cuda::stream_sync(stream_), name_, "running the forward pass");
+    if (!error_.is_ok()) {
+      (void)cuda::stream_sync(stream_);  // nothing of this step may still run
+      return error_;
+    }
+    return Status::ok();
+  }
+
+  void embed(const WeightView &table, float scale, Act out) override {
+    run(cuda::embed(dev(table), tokens(), n_rows_, scale, out.p, stream_), "embedding");
+  }
+  void matmul(const WeightView *const *ws, int n_mat, Act x, const Act *ys, int n_rows) override {
+    const cuda::ActMode mode = cpu::activation_mode() == cpu::ActivationMode::F32 ? cuda::ActMode::F32
+                                                                                  : cuda::ActMode::Q8;
+    for (int m = 0; m < n_mat; ++m) {
+      run(cuda::matmul(dev(*ws[m]), x.p, ys[m].p, n_rows, mode, scratch_, stream_), "matmul");
+    }
+  }
+  void rmsnorm(Act x, const WeightView *g, int64_t n_vec, int64_t dim, float eps, Act out) override {
+    const float *gp = g ? reinterpret_cast<const float *>(g->device) : nullptr;
+    run(cuda::rmsnorm(x.p, gp, out.p, n_vec, dim, eps, stream_), "rmsnorm");
+  }
+  void rope(Act x, int n_rows, int n_heads, int head_dim, int rot_dim, Act cs) override {
+    run(cuda::rope_neox(x.p, n_rows, n_heads, head_dim, rot_dim, cs.p, stream_), "rope");
+  }
+  void kv_append(KvStore &kv, int l, Act k, Act v, int n_rows) override {
+    auto &c = static_cast<CudaKvStore &>(kv);
+    const int64_t rf = c.spec(l).row_floats, cap = c.capacity(l);
+    run(cuda::kv_append(c.type_k(), c.k(l), cap, rf, pos0(), n_rows, k.p, stream_), "storing K rows");
+    run(cuda::kv_append(c.type_v(), c.v(l), cap, rf, pos0(), n_rows, v.p, stream_), "storing V rows");
+  }
+  void attention(const KvStore &kv, int l, Act q, Act out, int n_rows, int n_head, int head_dim, int window,
+                 float scale) override {
+    const auto &c = static_cast<const CudaKvStore &>(kv);
+    cuda::AttnArgs a;
+    a.q = q.p;
+    a.k = c.k(l);
+    a.v = c.v(l);
+    a.k_type = c.type_k();
+    a.v_type = c.type_v();
+    a.out = out.p;
+    a.n_rows = n_rows;
+    a.pos0 = pos0();
+    a.capacity = c.capacity(l);
+    a.n_head = n_head;
+    a.n_head_kv = int(c.spec(l).row_floats / head_dim);
+    a.head_dim = head_dim;
+    a.window = window;
+    a.scale = scale;
+    run(cuda::attention(a, stream_), "attention");
+  }
+  void gelu_mul(Act gate, Act up, Act out, int64_t n) override {
+    run(cuda::gelu_mul(gate.p, up.p, out.p, n, stream_), "gelu_mul");
+  }
+  void add(Act x, Act y, int64_t n) override { run(cuda::add_inplace(x.p, y.p, n, stream_), "add"); }
+  void scale(Act x, float s, int64_t n) override { run(cuda::scale_inplace(x.p, s, n, stream_), "scale"); }
+  void add_scale(Act x, Act y, float s, int64_t n) override {
+    run(cuda::add_scale(x.p, y.p, s, n, stream_), "add_scale");
+  }
+  void softcap(Act x, float cap, int64_t n) override { run(cuda::softcap(x.p, n, cap, stream_), "softcap"); }
+  void copy_cols(Act src, int64_t col0, Act dst, int n_rows) override {
+    run(cuda::copy_cols(src.p, src.width, col0, dst.p, dst.width, n_rows, stream_), "copy_cols");
+  }
+
+ private:
+  static constexpr int kOutputSlot = 1000;  // past every model's own slots
+  struct Buf {
+    float *p = nullptr;
+    size_t n = 0;  // floats
+  };
+  struct Output {
+    float *host;
+    const float *dev;
+    size_t bytes;
+  };
+
+  Status alloc(void **p, size_t bytes, const char *what) {
+    Result<void *> r = cuda::device_alloc(bytes);
+    if (!r) {
+      return Status(r.status().code(), std::string("cannot allocate ") + std::to_string(bytes >> 20) + " MiB of " +
+                                           what + " on " + name_ + ": " + r.status().message());
+    }
+    *p = *r;
+    return Status::ok();
+  }
+  const int32_t *tokens() const { return static_cast<const int32_t *>(step_); }
+  const int64_t *pos0() const {
+    return reinterpret_cast<const int64_t *>(static_cast<const uint8_t *>(step_) + step_tokens_bytes_);
+  }
+  cuda::DevMatrix dev(const WeightView &w) const {
+    return {w.device, w.type, w.n_in, w.n_out, w.row_bytes};
+  }
+  // The first error of a step sticks; later ops of the step are skipped.
+  void fail(const Status &s) {
+    if (error_.is_ok() && !s.is_ok()) error_ = s;
+  }
+  void run(const Status &s, const char *what) {
+    if (!s.is_ok()) fail(on_device(s, name_, what));
+  }
+
+  int device_;
+  std::string name_;
+  int max_rows_;
+  size_t matmul_scratch_bytes_;
+  CudaStream stream_ = nullptr;
+  std::vector<Buf> bufs_;
+  void *step_ = nullptr;
+  size_t step_tokens_bytes_ = 0;
+  std::vector<uint8_t> host_step_;
+  std::unordered_map<int, std::vector<float>> host_rope_;
+  void *scratch_ = nullptr;
+  std::vector<Output> outputs_;
+  int n_rows_ = 0;
+  int64_t pos0_ = 0;
+  Status error_;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, std::string name) : device_(device), name_(std::move(name)) {}
+  ~CudaBackend() override {
+    if (!cuda::set_device(device_).is_ok()) return;
+    for (auto &[host, dev] : uploaded_) cuda::device_free(dev);
+  }
+
+  const char *name() const override { return "cuda"; }
+  std::string device() const override { return name_; }
+
+  // Upload every weight as stored (one copy per distinct tensor: a tied output head shares
+  // the embedding's), then release the mapped pages: the device copy is the one read.
+  Status prepare(const ModelWeights &w, const std::function<void(const void *, size_t)> &release) override {
+    const double t0 = now_seconds();
+    GEIST_RETURN_IF_ERROR(on_device(cuda::set_device(device_), name_, "selecting the device"));
+    size_t total = 0;
+    for (const auto *list : {&w.matrices, &w.tables, &w.vectors}) {
+      for (const WeightView *v : *list) {
+        if (v->data && !uploaded_.count(v->data)) total += v->row_bytes * size_t(v->n_out);
+      }
+    }
+    for (const auto *list : {&w.matrices, &w.tables, &w.vectors}) {
+      for (WeightView *v : *list) {
+        if (!v->data) continue;
+        if (list == &w.matrices && !cuda::matmul_supported(v->type)) {
+          return GEIST_ERROR(GEIST_E_UNSUPPORTED, "the CUDA backend cannot multiply %s weights",
+                             quant::type_name(v->type));
+        }
+        auto it = uploaded_.find(v->data);
+        if (it == uploaded_.end()) {
+          const size_t bytes = v->row_bytes * size_t(v->n_out);
+          Result<void *> p = cuda::device_alloc(bytes);
+          if (!p) {
+            return GEIST_ERROR(GEIST_E_OUT_OF_MEMORY, "the weights (%.1f MiB) do not fit on %s: %s",
+                               double(total) / 1048576.0, name_.c_str(), p.status().message().c_str());
+          }
+          it = uploaded_.emplace(v->data, *p).first;
+          GEIST_RETURN_IF_ERROR(on_device(cuda::upload(*p, v->data, bytes), name_, "uploading weights"));
+          bytes_ += bytes;
+        }
+        v->device = static_cast<const uint8_t *>(it->second);
+        if (list == &w.matrices) matrices_.push_back(*v);
+      }
+    }
+    std::unordered_set<const void *> released;
+    for (const auto *list : {&w.matrices, &w.tables, &w.vectors}) {
+      for (const WeightView *v : *list) {
+        if (v->data && released.insert(v->data).second) release(v->data, v->row_bytes * size_t(v->n_out));
+      }
+    }
+    seconds_ = now_seconds() - t0;
+    return Status::ok();
+  }
+  uint64_t weight_bytes() const override { return bytes_; }
+  double prepare_seconds() const override { return seconds_; }
+
+  Result<std::unique_ptr<KvStore>> create_kv(const std::vector<KvLayerSpec> &layers, int64_t n_ctx, int max_chunk,
+                                             KvType tk, KvType tv) override {
+    GEIST_RETURN_IF_ERROR(check_kv_args(layers, n_ctx, max_chunk, tk, tv));
+    GEIST_RETURN_IF_ERROR(on_device(cuda::set_device(device_), name_, "selecting the device"));
+    auto c = std::make_unique<CudaKvStore>(layers, n_ctx, max_chunk, tk, tv, device_, name_);
+    GEIST_RETURN_IF_ERROR(c->allocate());
+    return std::unique_ptr<KvStore>(std::move(c));
+  }
+
+  Result<std::unique_ptr<Exec>> create_exec(int, int max_chunk) override {
+    size_t scratch = 0;
+    for (const WeightView &w : matrices_) {
+      scratch = std::max(scratch, cuda::matmul_scratch_bytes({w.device, w.type, w.n_in, w.n_out, w.row_bytes},
+                                                             max_chunk));
+    }
+    auto e = std::make_unique<CudaExec>(device_, name_, max_chunk, scratch);
+    GEIST_RETURN_IF_ERROR(e->init());
+    return std::unique_ptr<Exec>(std::move(e));
+  }
+
+ private:
+  int device_;
+  std::string name_;
+  std::unordered_map<const void *, void *> uploaded_;  // host bytes -> device copy
+  std::vector<WeightView> matrices_;  // for the matmul scratch each exec needs
+  uint64_t bytes_ = 0;
+  double seconds_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {
+  Result<int> n = cuda::device_count();
+  if (!n) return Status(n.status().code(), "the CUDA backend cannot start: " + n.status().message());
+  if (*n == 0) return GEIST_ERROR(GEIST_E_UNSUPPORTED, "the CUDA backend found no CUDA device");
+  if (device < 0 || device >= *n) {
+    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "CUDA device %d does not exist (%d device%s)", device, *n,
+                       *n == 1 ? "" : "s");
+  }
+  Result<cuda::DeviceInfo> info = cuda::device_info(device);
+  if (!info) return Status(info.status().code(), "the CUDA backend cannot start: " + info.status().message());
+  GEIST_RETURN_IF_ERROR(cuda::set_device(device));
+  return std::unique_ptr<Backend>(new CudaBackend(device, "CUDA " + std::to_string(device) + ": " +
+                                                              cuda::describe(*info)));
+}
+
+}  // namespace geist

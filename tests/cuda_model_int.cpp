@@ -1,0 +1,328 @@
+// The CUDA backend at model level, against the CPU backend (same arithmetic: 8-bit
+// activations against the CPU default, f32 against GEIST_ACT=f32) and HF transformers,
+// plus every session guarantee on the GPU by memcmp. Runs on a machine with an NVIDIA
+// GPU and a -DGEIST_CUDA=ON build; otherwise every test SKIPs with the reason.
+//
+// Models: the committed tiny ones (tests/data/tiny_gemma3.gguf, tests/data/gemma4/*), and
+// any listed in GEIST_CUDA_TEST_MODELS (colon-separated paths: the device runs add the
+// synthetic Gemma 3 270M and Gemma 4 E4B geometries made there).
+//
+// Tolerances: the matmuls, embeddings, norms and RoPE of the two backends give the same
+// bits (tests/cuda_ops_int.cpp); GELU and softcap evaluate tanh in double on the GPU
+// (within 1 ulp of libm's tanhf) and attention's exp differs in the last bit. Those ulps
+// pass through the layers, so the logits are compared by distribution: mean KL(CPU || CUDA)
+// <= 1e-3 and top-1 equal at >= 99 % of positions (issue 13), and the HF references
+// within 1e-3 absolute as on the CPU (gemma4_logits_int.cpp).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/cpu/ops.h"
+#include "engine/model.h"
+#include "engine/session.h"
+#include "test_util.h"
+
+namespace geist {
+namespace {
+
+std::vector<std::string> model_paths() {
+  std::vector<std::string> out = {test::data_path("tiny_gemma3.gguf"), test::data_path("gemma4/tiny_gemma4_a_f32.gguf"),
+                                  test::data_path("gemma4/tiny_gemma4_a_q8_0.gguf"),
+                                  test::data_path("gemma4/tiny_gemma4_b_f32.gguf"),
+                                  test::data_path("gemma4/tiny_gemma4_b_q8_0.gguf")};
+  if (const char *e = std::getenv("GEIST_CUDA_TEST_MODELS")) {
+    std::stringstream ss(e);
+    for (std::string p; std::getline(ss, p, ':');) {
+      if (!p.empty()) out.push_back(p);
+    }
+  }
+  return out;
+}
+
+std::string base(const std::string &p) { return p.substr(p.find_last_of('/') + 1); }
+
+// The model on the CUDA backend, or a skip reason.
+Result<std::unique_ptr<Model>> load_cuda(const std::string &path) {
+  ModelParams p;
+  p.backend = BackendKind::Cuda;
+  return Model::load(path, p);
+}
+
+#define LOAD_CUDA_OR_SKIP(var, path)                                                         \
+  std::unique_ptr<Model> var;                                                                \
+  {                                                                                          \
+    Result<std::unique_ptr<Model>> r_ = load_cuda(path);                                     \
+    if (!r_ && (r_.status().code() == GEIST_E_UNSUPPORTED)) GTEST_SKIP() << r_.status().message(); \
+    ASSERT_TRUE(r_) << r_.status().to_string();                                              \
+    var = std::move(r_).value();                                                             \
+  }
+
+std::unique_ptr<Model> load_cpu(const std::string &path) {
+  Result<std::unique_ptr<Model>> r = Model::load(path);
+  EXPECT_TRUE(r) << r.status().to_string();
+  return r ? std::move(r).value() : nullptr;
+}
+
+std::vector<int32_t> random_ids(const Model &m, size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int32_t hi = int32_t(std::min<int64_t>(m.info().n_vocab, 100000)) - 1;
+  std::uniform_int_distribution<int32_t> d(1, hi);
+  std::vector<int32_t> v(n);
+  for (auto &x : v) x = d(rng);
+  return v;
+}
+
+std::unique_ptr<Session> session(const Model &m, int chunk, int64_t n_ctx = 1024, KvType kv = KvType::F32) {
+  SessionParams p;
+  p.n_ctx = n_ctx;
+  p.chunk = chunk;
+  p.type_k = p.type_v = kv;
+  p.sampling.temperature = 0;
+  Result<std::unique_ptr<Session>> s = Session::create(m, p);
+  EXPECT_TRUE(s) << s.status().to_string();
+  return s ? std::move(s).value() : nullptr;
+}
+
+// Logits after every token: [n][n_vocab].
+std::vector<float> all_logits(Session &s, const std::vector<int32_t> &ids) {
+  std::vector<float> out(ids.size() * size_t(s.n_vocab()));
+  Status st = s.prefill_with_logits(ids.data(), ids.size(), 0, out.data());
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  return out;
+}
+
+struct Agreement {
+  double kl_mean = 0, kl_max = 0, max_abs = 0;
+  int top1 = 0, n = 0;
+};
+
+Agreement compare(const std::vector<float> &ref, const std::vector<float> &got, int64_t nv) {
+  Agreement g;
+  const size_t rows = ref.size() / size_t(nv);
+  double sum = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const float *a = ref.data() + r * nv, *b = got.data() + r * nv;
+    auto lse = [&](const float *x) {
+      const double m = *std::max_element(x, x + nv);
+      double s = 0;
+      for (int64_t v = 0; v < nv; ++v) s += std::exp(double(x[v]) - m);
+      return m + std::log(s);
+    };
+    const double la = lse(a), lb = lse(b);
+    double kl = 0;
+    for (int64_t v = 0; v < nv; ++v) {
+      kl += std::exp(a[v] - la) * ((a[v] - la) - (b[v] - lb));
+      g.max_abs = std::max(g.max_abs, double(std::fabs(a[v] - b[v])));
+    }
+    sum += kl;
+    g.kl_max = std::max(g.kl_max, kl);
+    g.top1 += std::max_element(a, a + nv) - a == std::max_element(b, b + nv) - b;
+    ++g.n;
+  }
+  g.kl_mean = sum / double(std::max(g.n, 1));
+  return g;
+}
+
+bool same_bits(const std::vector<float> &a, const std::vector<float> &b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+class ActModeGuard {
+ public:
+  explicit ActModeGuard(cpu::ActivationMode m) : old_(cpu::activation_mode()) { cpu::set_activation_mode(m); }
+  ~ActModeGuard() { cpu::set_activation_mode(old_); }
+
+ private:
+  cpu::ActivationMode old_;
+};
+
+// CUDA logits of every position against the CPU's, in both activation modes.
+TEST(CudaModel, LogitsMatchTheCpuBackend) {
+  for (cpu::ActivationMode mode : {cpu::ActivationMode::Q8, cpu::ActivationMode::F32}) {
+    ActModeGuard guard(mode);
+    for (const std::string &path : model_paths()) {
+      LOAD_CUDA_OR_SKIP(gpu, path);
+      std::unique_ptr<Model> cpu_m = load_cpu(path);
+      ASSERT_TRUE(cpu_m);
+      const std::vector<int32_t> ids = random_ids(*cpu_m, 300, 7);
+      std::unique_ptr<Session> a = session(*cpu_m, 64), b = session(*gpu, 64);
+      const std::vector<float> ref = all_logits(*a, ids), got = all_logits(*b, ids);
+      const Agreement g = compare(ref, got, cpu_m->info().n_vocab);
+      std::printf("%-32s %s: KL mean %.3g max %.3g, top-1 %d/%d, max |diff| %.3g\n", base(path).c_str(),
+                  mode == cpu::ActivationMode::Q8 ? "q8 " : "f32", g.kl_mean, g.kl_max, g.top1, g.n, g.max_abs);
+      EXPECT_LE(g.kl_mean, 1e-3) << path;
+      EXPECT_GE(g.top1, int(0.99 * g.n)) << path;
+    }
+  }
+}
+
+// The tiny Gemma 4 F32 models against HF transformers (tests/data/gemma4/ref_*.json), as
+// gemma4_logits_int.cpp checks the CPU: f32 activations, max |logit - HF| <= 1e-3.
+TEST(CudaModel, Gemma4MatchesTransformers) {
+  ActModeGuard guard(cpu::ActivationMode::F32);
+  for (const char *name : {"a", "b"}) {
+    const std::string path = test::data_path(std::string("gemma4/tiny_gemma4_") + name + "_f32.gguf");
+    LOAD_CUDA_OR_SKIP(gpu, path);
+    const std::vector<uint8_t> raw = test::read_file(test::data_path(std::string("gemma4/ref_") + name + ".json"));
+    const nlohmann::json j = nlohmann::json::parse(raw.begin(), raw.end());
+    double worst = 0;
+    for (const auto &p : j["prompts"]) {
+      const std::vector<int32_t> ids = p["ids"].get<std::vector<int32_t>>();
+      const std::vector<uint8_t> lb = test::read_file(test::data_path("gemma4/" + p["logits"].get<std::string>()));
+      std::vector<float> ref(lb.size() / 4);
+      std::memcpy(ref.data(), lb.data(), lb.size());
+      std::unique_ptr<Session> s = session(*gpu, 7, 256);
+      const std::vector<float> got = all_logits(*s, ids);
+      ASSERT_EQ(got.size(), ref.size());
+      for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, double(std::fabs(ref[i] - got[i])));
+    }
+    std::printf("tiny_gemma4_%s_f32 on CUDA vs transformers: max |diff| %.3g\n", name, worst);
+    EXPECT_LE(worst, 1e-3);
+  }
+}
+
+// Batch invariance on the GPU, by memcmp: every chunking, pin + reset + requests of
+// 1..400 tokens, snapshot/restore, and 4 concurrent sessions equal a straight prefill.
+TEST(CudaModel, BatchInvariantBitForBit) {
+  for (const std::string &path : model_paths()) {
+    LOAD_CUDA_OR_SKIP(gpu, path);
+    const int64_t nv = gpu->info().n_vocab;
+    const std::vector<int32_t> ids = random_ids(*gpu, 600, 11);
+    std::unique_ptr<Session> straight = session(*gpu, 512);
+    const std::vector<float> ref = all_logits(*straight, ids);
+    for (int chunk : {1, 3, 7, 8, 64}) {
+      std::unique_ptr<Session> s = session(*gpu, chunk);
+      EXPECT_TRUE(same_bits(all_logits(*s, ids), ref)) << base(path) << " chunk " << chunk;
+    }
+    // Pin a 200-token prefix, then requests after reset.
+    const size_t P = 200;
+    std::unique_ptr<Session> pinned = session(*gpu, 64);
+    ASSERT_TRUE(pinned->pin_prefix(ids.data(), P).is_ok());
+    for (size_t len : {size_t(1), size_t(7), size_t(64), size_t(130), size_t(400)}) {
+      pinned->reset();
+      std::vector<float> out(len * size_t(nv));
+      ASSERT_TRUE(pinned->prefill_with_logits(ids.data() + P, len, 0, out.data()).is_ok());
+      const std::vector<float> want(ref.begin() + P * nv, ref.begin() + (P + len) * nv);
+      EXPECT_TRUE(same_bits(out, want)) << base(path) << " request of " << len << " after reset";
+    }
+    // Snapshot after 300 tokens, restore into a session of another chunk size, continue.
+    std::unique_ptr<Session> a = session(*gpu, 32);
+    ASSERT_TRUE(a->prefill(ids.data(), 300).is_ok());
+    std::vector<uint8_t> img(a->snapshot_size());
+    size_t written = 0;
+    ASSERT_TRUE(a->snapshot(img.data(), img.size(), &written).is_ok());
+    std::unique_ptr<Session> b = session(*gpu, 5);
+    ASSERT_TRUE(b->restore(img.data(), written).is_ok());
+    std::vector<float> out(300 * size_t(nv));
+    ASSERT_TRUE(b->prefill_with_logits(ids.data() + 300, 300, 0, out.data()).is_ok());
+    EXPECT_TRUE(same_bits(out, std::vector<float>(ref.begin() + 300 * nv, ref.end()))) << base(path) << " restore";
+    // Four sessions at once, from four threads.
+    std::vector<std::vector<float>> got(4);
+    std::vector<std::thread> th;
+    for (int t = 0; t < 4; ++t) {
+      th.emplace_back([&, t] {
+        std::unique_ptr<Session> s = session(*gpu, t == 0 ? 1 : 64 * t);
+        if (s) got[t] = all_logits(*s, ids);
+      });
+    }
+    for (auto &x : th) x.join();
+    for (int t = 0; t < 4; ++t) EXPECT_TRUE(same_bits(got[t], ref)) << base(path) << " concurrent session " << t;
+  }
+}
+
+// An image moves between backends (KV rows stored by position in the same types): a CPU
+// image restores on CUDA and the reverse, and the continuation agrees with the other
+// backend's as the logits do; an image of another KV type is a mismatch.
+TEST(CudaModel, SnapshotsMoveBetweenBackends) {
+  const std::string path = test::data_path("gemma4/tiny_gemma4_a_q8_0.gguf");
+  LOAD_CUDA_OR_SKIP(gpu, path);
+  std::unique_ptr<Model> cpu_m = load_cpu(path);
+  ASSERT_TRUE(cpu_m);
+  const std::vector<int32_t> ids = random_ids(*cpu_m, 120, 3);
+  for (KvType kv : {KvType::F32, KvType::F16, KvType::BF16, KvType::Q8_0}) {
+    std::unique_ptr<Session> c = session(*cpu_m, 16, 256, kv), g = session(*gpu, 16, 256, kv);
+    if (!c) continue;  // a KV type the CPU build does not store yet
+    ASSERT_TRUE(g);
+    ASSERT_TRUE(c->prefill(ids.data(), 80).is_ok());
+    ASSERT_TRUE(g->prefill(ids.data(), 80).is_ok());
+    std::vector<uint8_t> ic(c->snapshot_size()), ig(g->snapshot_size());
+    size_t wc = 0, wg = 0;
+    ASSERT_TRUE(c->snapshot(ic.data(), ic.size(), &wc).is_ok());
+    ASSERT_TRUE(g->snapshot(ig.data(), ig.size(), &wg).is_ok());
+    std::unique_ptr<Session> g2 = session(*gpu, 16, 256, kv), c2 = session(*cpu_m, 16, 256, kv);
+    ASSERT_TRUE(g2->restore(ic.data(), wc).is_ok()) << kv_type_name(kv);
+    ASSERT_TRUE(c2->restore(ig.data(), wg).is_ok()) << kv_type_name(kv);
+    const std::vector<int32_t> rest(ids.begin() + 80, ids.end());
+    const int64_t nv = cpu_m->info().n_vocab;
+    const Agreement x = compare(all_logits(*c, rest), all_logits(*g2, rest), nv);
+    const Agreement y = compare(all_logits(*g, rest), all_logits(*c2, rest), nv);
+    std::printf("kv %s: CPU image on CUDA KL %.3g top-1 %d/%d; CUDA image on CPU KL %.3g top-1 %d/%d\n",
+                kv_type_name(kv), x.kl_mean, x.top1, x.n, y.kl_mean, y.top1, y.n);
+    EXPECT_LE(x.kl_mean, 1e-3);
+    EXPECT_LE(y.kl_mean, 1e-3);
+    std::unique_ptr<Session> other = session(*gpu, 16, 256, kv == KvType::F32 ? KvType::F16 : KvType::F32);
+    EXPECT_EQ(other->restore(ic.data(), wc).code(), GEIST_E_MISMATCH);
+  }
+}
+
+// KV types on the GPU: each against f32 KV (information; bounds are loose sanity checks).
+TEST(CudaModel, KvTypes) {
+  for (const std::string &path : model_paths()) {
+    LOAD_CUDA_OR_SKIP(gpu, path);
+    const std::vector<int32_t> ids = random_ids(*gpu, 256, 5);
+    std::unique_ptr<Session> f = session(*gpu, 64);
+    const std::vector<float> ref = all_logits(*f, ids);
+    for (KvType kv : {KvType::F16, KvType::BF16, KvType::Q8_0}) {
+      std::unique_ptr<Session> s = session(*gpu, 64, 1024, kv);
+      if (!s) continue;
+      const Agreement g = compare(ref, all_logits(*s, ids), gpu->info().n_vocab);
+      std::printf("%-32s kv %-4s vs f32: KL mean %.3g max %.3g, top-1 %d/%d\n", base(path).c_str(), kv_type_name(kv),
+                  g.kl_mean, g.kl_max, g.top1, g.n);
+      EXPECT_LE(g.kl_mean, 0.05);
+      // And the same bits for any chunking with a typed cache.
+      std::unique_ptr<Session> s3 = session(*gpu, 3, 1024, kv), s64 = session(*gpu, 64, 1024, kv);
+      EXPECT_TRUE(same_bits(all_logits(*s3, ids), all_logits(*s64, ids))) << kv_type_name(kv);
+    }
+  }
+}
+
+// Faults: a device that does not exist, a KV cache larger than the device; the model
+// stays usable after a refused session.
+TEST(CudaModel, FaultsAreCleanErrors) {
+  const std::string path = test::data_path("tiny_gemma3.gguf");
+  LOAD_CUDA_OR_SKIP(gpu, path);
+  ModelParams p;
+  p.backend = BackendKind::Cuda;
+  p.device = 999;
+  Result<std::unique_ptr<Model>> bad = Model::load(path, p);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.status().code(), GEIST_E_INVALID_ARGUMENT) << bad.status().to_string();
+  std::printf("device 999: %s\n", bad.status().message().c_str());
+
+  // A context whose KV cache cannot fit (tiny_gemma3's rows times 2^24 positions is small,
+  // so ask through a q8_0-incompatible path instead when it fits): try n_ctx 2^24.
+  SessionParams sp;
+  sp.n_ctx = int64_t(1) << 24;
+  sp.chunk = 65536;
+  Result<std::unique_ptr<Session>> big = Session::create(*gpu, sp);
+  if (!big) {
+    EXPECT_EQ(big.status().code(), GEIST_E_OUT_OF_MEMORY) << big.status().to_string();
+    std::printf("n_ctx 2^24: %s\n", big.status().message().c_str());
+  }
+  std::unique_ptr<Session> ok = session(*gpu, 8);
+  ASSERT_TRUE(ok);
+  const std::vector<int32_t> ids = random_ids(*gpu, 20, 1);
+  EXPECT_TRUE(ok->prefill(ids.data(), ids.size()).is_ok());
+}
+
+}  // namespace
+}  // namespace geist
