@@ -8,11 +8,21 @@
 // synthetic Gemma 3 270M and Gemma 4 E4B geometries made there).
 //
 // Tolerances: the matmuls, embeddings, norms and RoPE of the two backends give the same
-// bits (tests/cuda_ops_int.cpp); GELU and softcap evaluate tanh in double on the GPU
-// (within 1 ulp of libm's tanhf) and attention's exp differs in the last bit. Those ulps
-// pass through the layers, so the logits are compared by distribution: mean KL(CPU || CUDA)
-// <= 1e-3 and top-1 equal at >= 99 % of positions (issue 13), and the HF references
-// within 1e-3 absolute as on the CPU (gemma4_logits_int.cpp).
+// bits as the CPU's generic tier, the oracle (tests/cuda_ops_int.cpp); GELU and softcap
+// evaluate tanh in double on the GPU (within 1 ulp of libm's tanhf) and attention's exp
+// differs in the last bit. Those ulps pass through the layers, so the logits are compared
+// by distribution: against the generic tier (ctest runs this file with GEIST_ISA=generic)
+// mean KL(CPU || CUDA) <= 1e-3 and top-1 equal at >= 99 % of positions (issue 13). The
+// SIMD tiers compute tanh and the softmax their own way (a vector tanh from their exp, an
+// online softmax), so against them the bound is what those differences cost on these
+// models: KL <= 2e-3, top-1 >= 95 % (measured on the H200 host, AVX-512: worst KL 1.1e-3,
+// top-1 289/300, both on tiny_gemma4_b_q8_0 with 8-bit activations). The HF references:
+// within 1e-3 absolute, as on the CPU (gemma4_logits_int.cpp).
+//
+// Models from GEIST_CUDA_TEST_MODELS have random weights at real sizes: their activations
+// grow layer after layer, so a last-bit difference can move logits by whole units (E4B:
+// max |diff| ~50, KL ~1e-3 even between f32 paths). Their agreement is printed, not
+// asserted; every bit-exact invariance below is asserted on them too.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,6 +43,9 @@
 
 namespace geist {
 namespace {
+
+// The committed models (asserted against the CPU) and the extra ones (reported).
+constexpr size_t kCommittedModels = 5;
 
 std::vector<std::string> model_paths() {
   std::vector<std::string> out = {test::data_path("tiny_gemma3.gguf"), test::data_path("gemma4/tiny_gemma4_a_f32.gguf"),
@@ -81,15 +94,28 @@ std::vector<int32_t> random_ids(const Model &m, size_t n, uint32_t seed) {
   return v;
 }
 
-std::unique_ptr<Session> session(const Model &m, int chunk, int64_t n_ctx = 1024, KvType kv = KvType::F32) {
+// A session, or null if this KV type cannot be made for the model (q8_0 rows that are
+// not a multiple of 32 wide, a type the backend does not store): *why says which.
+std::unique_ptr<Session> try_session(const Model &m, int chunk, int64_t n_ctx, KvType kv, std::string *why) {
   SessionParams p;
   p.n_ctx = n_ctx;
   p.chunk = chunk;
   p.type_k = p.type_v = kv;
   p.sampling.temperature = 0;
   Result<std::unique_ptr<Session>> s = Session::create(m, p);
-  EXPECT_TRUE(s) << s.status().to_string();
-  return s ? std::move(s).value() : nullptr;
+  if (!s) {
+    EXPECT_EQ(s.status().code(), GEIST_E_UNSUPPORTED) << s.status().to_string();
+    *why = s.status().message();
+    return nullptr;
+  }
+  return std::move(s).value();
+}
+
+std::unique_ptr<Session> session(const Model &m, int chunk, int64_t n_ctx = 1024, KvType kv = KvType::F32) {
+  std::string why;
+  std::unique_ptr<Session> s = try_session(m, chunk, n_ctx, kv, &why);
+  EXPECT_TRUE(s) << why;
+  return s;
 }
 
 // Logits after every token: [n][n_vocab].
@@ -147,9 +173,14 @@ class ActModeGuard {
 
 // CUDA logits of every position against the CPU's, in both activation modes.
 TEST(CudaModel, LogitsMatchTheCpuBackend) {
+  const bool oracle = cpu::active_isa() == cpu::Isa::Generic;
+  const double kl_bound = oracle ? 1e-3 : 2e-3, top1_bound = oracle ? 0.99 : 0.95;
+  std::printf("CPU reference: the %s tier\n", cpu::isa_name(cpu::active_isa()));
+  const std::vector<std::string> paths = model_paths();
   for (cpu::ActivationMode mode : {cpu::ActivationMode::Q8, cpu::ActivationMode::F32}) {
     ActModeGuard guard(mode);
-    for (const std::string &path : model_paths()) {
+    for (size_t i = 0; i < paths.size(); ++i) {
+      const std::string &path = paths[i];
       LOAD_CUDA_OR_SKIP(gpu, path);
       std::unique_ptr<Model> cpu_m = load_cpu(path);
       ASSERT_TRUE(cpu_m);
@@ -159,8 +190,9 @@ TEST(CudaModel, LogitsMatchTheCpuBackend) {
       const Agreement g = compare(ref, got, cpu_m->info().n_vocab);
       std::printf("%-32s %s: KL mean %.3g max %.3g, top-1 %d/%d, max |diff| %.3g\n", base(path).c_str(),
                   mode == cpu::ActivationMode::Q8 ? "q8 " : "f32", g.kl_mean, g.kl_max, g.top1, g.n, g.max_abs);
-      EXPECT_LE(g.kl_mean, 1e-3) << path;
-      EXPECT_GE(g.top1, int(0.99 * g.n)) << path;
+      if (i >= kCommittedModels) continue;  // random weights at real sizes: reported only
+      EXPECT_LE(g.kl_mean, kl_bound) << path;
+      EXPECT_GE(g.top1, int(top1_bound * g.n)) << path;
     }
   }
 }
@@ -249,9 +281,12 @@ TEST(CudaModel, SnapshotsMoveBetweenBackends) {
   ASSERT_TRUE(cpu_m);
   const std::vector<int32_t> ids = random_ids(*cpu_m, 120, 3);
   for (KvType kv : {KvType::F32, KvType::F16, KvType::BF16, KvType::Q8_0}) {
-    std::unique_ptr<Session> c = session(*cpu_m, 16, 256, kv), g = session(*gpu, 16, 256, kv);
-    if (!c) continue;  // a KV type the CPU build does not store yet
-    ASSERT_TRUE(g);
+    std::string why;
+    std::unique_ptr<Session> c = try_session(*cpu_m, 16, 256, kv, &why), g = try_session(*gpu, 16, 256, kv, &why);
+    if (!c || !g) {
+      std::printf("kv %s: %s\n", kv_type_name(kv), why.c_str());
+      continue;
+    }
     ASSERT_TRUE(c->prefill(ids.data(), 80).is_ok());
     ASSERT_TRUE(g->prefill(ids.data(), 80).is_ok());
     std::vector<uint8_t> ic(c->snapshot_size()), ig(g->snapshot_size());
@@ -282,8 +317,12 @@ TEST(CudaModel, KvTypes) {
     std::unique_ptr<Session> f = session(*gpu, 64);
     const std::vector<float> ref = all_logits(*f, ids);
     for (KvType kv : {KvType::F16, KvType::BF16, KvType::Q8_0}) {
-      std::unique_ptr<Session> s = session(*gpu, 64, 1024, kv);
-      if (!s) continue;
+      std::string why;
+      std::unique_ptr<Session> s = try_session(*gpu, 64, 1024, kv, &why);
+      if (!s) {
+        std::printf("%-32s kv %-4s: %s\n", base(path).c_str(), kv_type_name(kv), why.c_str());
+        continue;
+      }
       const Agreement g = compare(ref, all_logits(*s, ids), gpu->info().n_vocab);
       std::printf("%-32s kv %-4s vs f32: KL mean %.3g max %.3g, top-1 %d/%d\n", base(path).c_str(), kv_type_name(kv),
                   g.kl_mean, g.kl_max, g.top1, g.n);

@@ -199,6 +199,7 @@ class Session {
   size_t n_pinned() const { return geist_session_n_pinned(s_); }
   size_t n_ctx() const { return geist_session_n_ctx(s_); }
   size_t n_vocab() const { return geist_session_n_vocab(s_); }
+  int n_threads() const { return geist_session_n_threads(s_); }  // host threads it computes with
   std::vector<geist_token> tokens() const {
     std::vector<geist_token> t(n_tokens());
     size_t n = 0;

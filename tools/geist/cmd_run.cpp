@@ -166,11 +166,11 @@ int run(const RunOptions &o) {
   const double prefill_s = st.prefill_seconds + st.pin_seconds;
   std::fprintf(stderr,
                "\nload %.0f ms | prefill %llu tokens in %.0f ms (%.1f tokens/s) | decode %llu tokens in %.0f ms "
-               "(%.1f tokens/s) | %d threads | %s\n",
+               "(%.1f tokens/s) | %d host thread%s | %s\n",
                load_s * 1e3, (unsigned long long)n_prefill, prefill_s * 1e3,
                prefill_s > 0 ? double(n_prefill) / prefill_s : 0.0, (unsigned long long)st.n_decode_tokens,
                st.decode_seconds * 1e3, st.decode_seconds > 0 ? double(st.n_decode_tokens) / st.decode_seconds : 0.0,
-               effective_threads(o.g.threads), model.backend().device);
+               s.n_threads(), s.n_threads() == 1 ? "" : "s", model.backend().device);
   return 0;
 }
 

@@ -209,8 +209,9 @@ bool kv_type_ok(KvType t) { return static_cast<uint8_t>(t) <= static_cast<uint8_
 
 Status check_ring(KvType t, const void *ring, int64_t capacity, int64_t row_elems, const char *op) {
   if (!kv_type_ok(t)) return bad_arg(std::string(op) + ": unknown KV type");
-  if (ring == nullptr || capacity <= 0 || row_elems <= 0 || row_elems % 32 != 0) {
-    return bad_arg(std::string(op) + ": bad ring (null, capacity <= 0 or row_elems not a positive multiple of 32)");
+  if (ring == nullptr || capacity <= 0 || row_elems <= 0 || (t == KvType::Q8_0 && row_elems % 32 != 0)) {
+    return bad_arg(std::string(op) + ": bad ring (null, capacity <= 0, row_elems <= 0, or q8_0 rows not a multiple "
+                                     "of 32)");
   }
   return Status::ok();
 }
@@ -295,9 +296,10 @@ Status kv_write_positions(KvType t, void *ring, int64_t capacity, int64_t row_el
 Status attention(const AttnArgs &a, CudaStream s) {
   if (!kv_type_ok(a.k_type) || !kv_type_ok(a.v_type)) return bad_arg("cuda::attention: unknown KV type");
   if (a.n_rows < 0 || a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.head_dim <= 0 ||
-      a.head_dim % 32 != 0 || a.head_dim > kMaxHeadDim || a.capacity <= 0 || a.window < 0 || a.n_head > 65535 ||
-      a.n_rows > 65535) {
-    return bad_arg("cuda::attention: bad shape (n_head % n_head_kv, head_dim a multiple of 32 up to 512, capacity)");
+      a.head_dim > kMaxHeadDim || a.capacity <= 0 || a.window < 0 || a.n_head > 65535 || a.n_rows > 65535 ||
+      ((a.k_type == KvType::Q8_0 || a.v_type == KvType::Q8_0) && (int64_t(a.n_head_kv) * a.head_dim) % 32 != 0)) {
+    return bad_arg("cuda::attention: bad shape (n_head % n_head_kv, head_dim up to 512, capacity, q8_0 rows a "
+                   "multiple of 32)");
   }
   if (a.n_rows == 0) return Status::ok();
   if (!a.q || !a.k || !a.v || !a.out || !a.pos0) return bad_arg("cuda::attention: null pointer");

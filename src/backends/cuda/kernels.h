@@ -146,7 +146,7 @@ Status copy_cols(const float *src, int64_t src_stride, int64_t col0, float *dst,
 
 // ---- KV cache rings -------------------------------------------------------------------------
 // A ring of `capacity` rows of row_elems elements of KvType t (kv_type.h gives the bytes of
-// each type; row_elems a multiple of 32); the row of absolute position p is at slot
+// each type; row_elems a multiple of 32 for q8_0); the row of absolute position p is at slot
 // p % capacity, at byte offset slot * kv_row_bytes(t, row_elems). K and V are separate rings
 // (their types may differ), so each call below handles one ring.
 
@@ -179,7 +179,7 @@ struct AttnArgs {
   int n_rows = 0;
   const int64_t *pos0 = nullptr;  // device: one int64
   int64_t capacity = 0;       // ring rows; must hold every visible key (the last `window`)
-  int n_head = 0, n_head_kv = 0, head_dim = 0;  // n_head % n_head_kv == 0; head_dim % 32 == 0, <= 512
+  int n_head = 0, n_head_kv = 0, head_dim = 0;  // n_head % n_head_kv == 0; head_dim <= 512
   int window = 0;             // keys [max(0, p - window + 1), p] visible; 0 = [0, p]
   float scale = 1.0f;
 };
