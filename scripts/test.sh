@@ -39,6 +39,24 @@ elif [ "${GEIST_SKIP_LIBCXX:-0}" != 1 ]; then
   make -C build/libcxx/bench -j"$jobs" kernels_bench.o >/dev/null
 fi
 
+# CUDA (-DGEIST_CUDA=ON) with nvcc, for every architecture geist ships (sm_80/86/89/90):
+# the library, CLI and the CUDA tests compile warning-free and link; without a GPU the
+# tests run and SKIP, saying why. The GPU runs themselves are on the device machine
+# (docs/CUDA.md).
+nvcc_bin="$(command -v nvcc || true)"
+[ -z "$nvcc_bin" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc_bin=/usr/local/cuda/bin/nvcc
+if [ "${GEIST_SKIP_CUDA:-0}" = 1 ]; then
+  echo "test.sh: SKIP CUDA build (GEIST_SKIP_CUDA=1)"
+elif [ -z "$nvcc_bin" ]; then
+  echo "test.sh: SKIP CUDA build: no nvcc here (install the CUDA toolkit to build -DGEIST_CUDA=ON)"
+else
+  echo "test.sh: CUDA build ($nvcc_bin)"
+  cmake -S . -B build/cuda -DCMAKE_BUILD_TYPE=Release -DGEIST_CUDA=ON -DGEIST_WERROR=ON \
+    -DCMAKE_CUDA_COMPILER="$nvcc_bin" >/dev/null
+  cmake --build build/cuda -j"$jobs" --target geist geist_shared cuda_ops_int cuda_model_int
+  ctest --test-dir build/cuda -R '^(CudaOps|CudaModel)\.' -j"$jobs" --output-on-failure
+fi
+
 if [ "${GEIST_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake -S . -B build/asan-ubsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer" \

@@ -20,6 +20,7 @@ namespace geist {
 struct KvLayerSpec {
   int64_t row_floats = 0;  // n_head_kv * head_dim: elements of one position's K (and of V)
   int window = 0;          // sliding window W, 0 for global layers
+  int head_dim = 0;        // elements of one head (a q8_0 cache needs a multiple of 32)
 };
 
 class KvStore {

@@ -159,7 +159,7 @@ Status Gemma3::load(const gguf::GgufFile &f, std::unique_ptr<Backend> backend) {
 
 std::vector<KvLayerSpec> Gemma3::kv_layout() const {
   std::vector<KvLayerSpec> out;
-  for (const Layer &L : layers_) out.push_back({n_head_kv_ * head_dim_, L.sliding ? window_ : 0});
+  for (const Layer &L : layers_) out.push_back({n_head_kv_ * head_dim_, L.sliding ? window_ : 0, int(head_dim_)});
   return out;
 }
 

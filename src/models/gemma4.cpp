@@ -309,7 +309,7 @@ std::vector<KvLayerSpec> Gemma4::kv_layout() const {
   std::vector<KvLayerSpec> out;
   for (int il = 0; il < n_owners_; ++il) {
     const Layer &L = layers_[il];
-    out.push_back({n_head_kv_ * L.head_dim, L.sliding ? window_ : 0});
+    out.push_back({n_head_kv_ * L.head_dim, L.sliding ? window_ : 0, int(L.head_dim)});
   }
   return out;
 }
