@@ -18,6 +18,15 @@ inline float bf16_to_fp32(uint16_t h) {
   std::memcpy(&f, &u, 4);
   return f;
 }
+// float -> bfloat16 bits: round to nearest even of the top 16 bits (a value past the
+// largest bf16 carries into the exponent and gives inf); a NaN keeps its sign and top
+// payload bits and is made quiet (ggml's rule, so its payload never rounds to inf).
+inline uint16_t fp32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
 
 // Dequantize n elements of type t (n a multiple of the block size) from src, which holds
 // row_bytes(t, n) bytes, into dst[n]. Returns false (and writes nothing) if t has no
