@@ -7,7 +7,17 @@
 // s_j = scale * q.k_j, m' = max(m, max s_j), c = exp(m - m'), l = l c + sum_j exp(s_j - m'),
 // acc = acc c + sum_j exp(s_j - m') v_j. Up to 4 heads of the group share every K and V
 // load. What a query gets depends only on its position and the keys, never on the other
-// rows of the chunk or on which thread runs it.
+// rows of the chunk or on which thread runs it. Typed rings (F16, BF16, Q8_0; kv_type.h):
+// each block's keys and values are first read to f32 rows (load_rows, the values of
+// kv_rows.h's kv_load_rows) and the same f32 code runs on those.
+
+#ifndef GEIST_NO_ICF
+#if defined(__GNUC__) && !defined(__clang__)
+#define GEIST_NO_ICF [[gnu::no_icf]]
+#else
+#define GEIST_NO_ICF
+#endif
+#endif
 
 template <class S>
 struct Attn {
@@ -63,9 +73,12 @@ struct Attn {
     pv_cols<NH, 1>(o, c, p, v, n, d, D);  // head_dim not a multiple of DV vectors
   }
 
-  template <int NH>
-  static void heads(const AttentionArgs &a, int r, int hq0, const float *const kp[16], const float *const vp[16],
-                    int n, float *m, float *l, float *acc) {
+  // kTyped: chunk_typed's own copy, kept apart (no_icf: GCC would otherwise merge the
+  // identical instantiations), so that chunk alone calls heads<NH, false> and the
+  // compiler inlines it there exactly as it did before typed rings existed.
+  template <int NH, bool kTyped = false>
+  GEIST_NO_ICF static void heads(const AttentionArgs &a, int r, int hq0, const float *const kp[16],
+                                 const float *const vp[16], int n, float *m, float *l, float *acc) {
     const int D = a.head_dim;
     const float *q[NH];
     float *o[NH];
@@ -94,8 +107,41 @@ struct Attn {
     pv<NH>(o, c, p, vp, n, D);
   }
 
+  // Rows [slot, slot + n) of a ring of type t (wrapping at cap), from byte head_off of
+  // each row (a head's head_dim elements), into dst [n][D] f32: the values kv_load_rows gives (the tier's half and
+  // bfloat16 widenings are exact; Q8_0 is f32(d) * q_j as one f32 multiply).
+  static void load_rows(KvType t, const void *ring, int64_t slot, int64_t cap, size_t row_bytes, size_t head_off,
+                        int n, int D, float *dst) {
+    for (int i = 0; i < n; ++i, dst += D) {
+      const uint8_t *p = static_cast<const uint8_t *>(ring) + size_t(slot) * row_bytes + head_off;
+      if (++slot == cap) slot = 0;
+      switch (t) {
+        case KvType::F16:
+          for (int d = 0; d < D; d += L) S::storef(dst + d, S::cvtph(p + 2 * d));
+          break;
+        case KvType::BF16:
+          for (int d = 0; d < D; d += L) S::storef(dst + d, S::cvtbf16(p + 2 * d));
+          break;
+        case KvType::Q8_0:
+          for (int b = 0; b < D / 32; ++b, p += 34) {
+            uint16_t h;
+            std::memcpy(&h, p, 2);
+            const F dv = S::set1f(quant::fp16_to_fp32(h));
+            for (int j = 0; j < 32; j += L) {
+              S::storef(dst + 32 * b + j, S::mul(S::cvt(S::load_s8_i32(p + 2 + j)), dv));
+            }
+          }
+          break;
+        case KvType::F32:
+          std::memcpy(dst, p, sizeof(float) * size_t(D));
+          break;
+      }
+    }
+  }
+
   // Partial state over keys [lo, hi] (inclusive) for query row r, KV head g:
-  // m[h], l[h], acc[h][head_dim] for the group's heads h.
+  // m[h], l[h], acc[h][head_dim] for the group's heads h. F32 rings (k_type and v_type),
+  // read in place.
   static void chunk(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l, float *acc) {
     const int group = a.n_head / a.n_head_kv;
     const int D = a.head_dim;
@@ -111,8 +157,8 @@ struct Attn {
       const float *kp[16], *vp[16];
       int64_t slot = k0 % a.kv_cap;
       for (int i = 0; i < n; ++i) {
-        kp[i] = a.k + size_t(slot) * stride + size_t(g) * D;
-        vp[i] = a.v + size_t(slot) * stride + size_t(g) * D;
+        kp[i] = static_cast<const float *>(a.k) + size_t(slot) * stride + size_t(g) * D;
+        vp[i] = static_cast<const float *>(a.v) + size_t(slot) * stride + size_t(g) * D;
         if (++slot == a.kv_cap) slot = 0;
       }
       for (int h = 0; h < group; h += 4) {
@@ -124,6 +170,49 @@ struct Attn {
           case 3: heads<3>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
           case 2: heads<2>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
           default: heads<1>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
+        }
+      }
+    }
+  }
+
+  // The same state as chunk over typed rings (k_type or v_type not F32): each block of up to 16
+  // keys and values is read to per-thread f32 rows ([16][head_dim] each, in L1) by
+  // load_rows, then the same f32 code runs on them, so the bits are chunk's over the
+  // rings read back to f32.
+  static void chunk_typed(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l,
+                          float *acc) {
+    const int group = a.n_head / a.n_head_kv;
+    const int D = a.head_dim;
+    for (int h = 0; h < group; ++h) {
+      m[h] = -std::numeric_limits<float>::infinity();
+      l[h] = 0.0f;
+      std::fill(acc + size_t(h) * D, acc + size_t(h + 1) * D, 0.0f);
+    }
+    static thread_local std::vector<float> buf;
+    if (buf.size() < size_t(32) * D) buf.resize(size_t(32) * D);
+    float *kb = buf.data(), *vb = kb + size_t(16) * D;
+    const int64_t row = int64_t(a.n_head_kv) * D, off = int64_t(g) * D;
+    const size_t k_row_bytes = kv_row_bytes(a.k_type, row), k_off = kv_row_bytes(a.k_type, off);
+    const size_t v_row_bytes = kv_row_bytes(a.v_type, row), v_off = kv_row_bytes(a.v_type, off);
+    const float *kp[16], *vp[16];
+    for (int i = 0; i < 16; ++i) {
+      kp[i] = kb + size_t(i) * D;
+      vp[i] = vb + size_t(i) * D;
+    }
+    for (int64_t b0 = lo - lo % 16; b0 <= hi; b0 += 16) {
+      const int64_t k0 = std::max(lo, b0), k1 = std::min(hi, b0 + 15);
+      const int n = int(k1 - k0 + 1);
+      load_rows(a.k_type, a.k, k0 % a.kv_cap, a.kv_cap, k_row_bytes, k_off, n, D, kb);
+      load_rows(a.v_type, a.v, k0 % a.kv_cap, a.kv_cap, v_row_bytes, v_off, n, D, vb);
+      for (int h = 0; h < group; h += 4) {
+        const int nh = std::min(4, group - h);
+        const int hq0 = g * group + h;
+        float *mh = m + h, *lh = l + h, *ah = acc + size_t(h) * D;
+        switch (nh) {
+          case 4: heads<4, true>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
+          case 3: heads<3, true>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
+          case 2: heads<2, true>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
+          default: heads<1, true>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
         }
       }
     }

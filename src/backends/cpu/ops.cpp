@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/cpu/isa.h"
+#include "backends/cpu/kv_rows.h"
 #include "backends/cpu/packed.h"
 #include "backends/cpu/qgemm.h"
 #include "base/cpu_clones.h"
@@ -423,16 +424,31 @@ void add_inplace(float *x, const float *y, int64_t n) {
 namespace {
 
 // The generic (oracle) attention: per query and head, every visible score, an exact
-// softmax (sum in double), then the weighted sum of values.
-void attention_generic(const AttentionArgs &a, ThreadPool &pool) {
+// softmax (sum in double), then the weighted sum of values. A typed ring's rows are read
+// to f32 one at a time (kv_load_rows) into per-thread rows; F32 rings are read in place.
+template <bool kTyped>
+void attention_generic_t(const AttentionArgs &a, ThreadPool &pool) {
   const int group = a.n_head / a.n_head_kv;
   const int n_tasks = a.n_rows * a.n_head;
   const size_t kv_stride = static_cast<size_t>(a.n_head_kv) * a.head_dim;
   pool.run(n_tasks, [&](int task, int /*thread*/) {
-    thread_local std::vector<float> scores;
+    thread_local std::vector<float> scores, row;
     const int r = task / a.n_head;
     const int h = task % a.n_head;
     const int g = h / group;
+    // Head g's elements of the ring row (of type t) holding position j.
+    auto kv_row = [&](const void *ring, KvType t, int64_t j) -> const float * {
+      const size_t slot = static_cast<size_t>(j % a.kv_cap);
+      if constexpr (kTyped) {
+        const auto *p = static_cast<const uint8_t *>(ring) + slot * kv_row_bytes(t, int64_t(kv_stride)) +
+                        kv_row_bytes(t, int64_t(g) * a.head_dim);
+        kv_load_rows(t, p, 1, a.head_dim, row.data());
+        return row.data();
+      } else {
+        return static_cast<const float *>(ring) + slot * kv_stride + g * a.head_dim;
+      }
+    };
+    if (kTyped && static_cast<int>(row.size()) < a.head_dim) row.resize(a.head_dim);
     const int64_t p = a.q_pos0 + r;
     const int64_t j0 = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
     const int64_t n_keys = p - j0 + 1;
@@ -440,7 +456,7 @@ void attention_generic(const AttentionArgs &a, ThreadPool &pool) {
     const float *q = a.q + (static_cast<size_t>(r) * a.n_head + h) * a.head_dim;
     float mx = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n_keys; ++j) {
-      const float *k = a.k + static_cast<size_t>((j0 + j) % a.kv_cap) * kv_stride + g * a.head_dim;
+      const float *k = kv_row(a.k, a.k_type, j0 + j);
       const float s = dot_f32(q, k, a.head_dim) * a.scale;
       scores[j] = s;
       mx = std::max(mx, s);
@@ -454,11 +470,19 @@ void attention_generic(const AttentionArgs &a, ThreadPool &pool) {
     float *o = a.out + (static_cast<size_t>(r) * a.n_head + h) * a.head_dim;
     std::fill(o, o + a.head_dim, 0.0f);
     for (int64_t j = 0; j < n_keys; ++j) {
-      const float *v = a.v + static_cast<size_t>((j0 + j) % a.kv_cap) * kv_stride + g * a.head_dim;
+      const float *v = kv_row(a.v, a.v_type, j0 + j);
       const float w = scores[j] * inv;
       for (int d = 0; d < a.head_dim; ++d) o[d] += w * v[d];
     }
   });
+}
+
+void attention_generic(const AttentionArgs &a, ThreadPool &pool) {
+  if (a.k_type == KvType::F32 && a.v_type == KvType::F32) {
+    attention_generic_t<false>(a, pool);
+  } else {
+    attention_generic_t<true>(a, pool);
+  }
 }
 
 }  // namespace
@@ -567,6 +591,8 @@ void attention_tiled(AttnChunkFn chunk, const AttentionArgs &a, ThreadPool &pool
 void attention(const AttentionArgs &a, ThreadPool &pool) { attention_on_tier(active_isa(), a, pool); }
 
 void attention_on_tier(Isa isa, const AttentionArgs &a, ThreadPool &pool) {
+  GEIST_CHECK((a.k_type != KvType::Q8_0 && a.v_type != KvType::Q8_0) || a.head_dim % 32 == 0,
+              "q8_0 KV needs head_dim a multiple of 32");
   const TierKernels *tk = static_cast<int>(isa) <= static_cast<int>(best_isa()) ? tier_kernels(isa) : nullptr;
   if (!tk || !tk->attn_chunk || a.head_dim % tk->lanes != 0) {
     attention_generic(a, pool);

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backends/cpu/isa.h"
+#include "backends/kv_type.h"
 #include "backends/weight.h"
 #include "base/thread_pool.h"
 
@@ -97,14 +98,19 @@ class RopeTable {
 
 // Causal (optionally sliding-window) attention for n_rows queries.
 // q:  [n_rows][n_head][head_dim]; query r is at absolute position q_pos0 + r.
-// k, v: cache rows; the key of absolute position p is at slot (p % kv_cap), [kv_cap][n_head_kv][head_dim].
+// k, v: cache rings of kv_cap rows, each row [n_head_kv][head_dim] elements of type
+// k_type (v_type) stored as backends/kv_type.h says (kv_row_bytes(type, n_head_kv *
+// head_dim) bytes); the key of absolute position p is in row (p % kv_cap). F32 rings are
+// plain floats; for Q8_0, head_dim must be a multiple of 32 (checked): whole blocks per head.
 // Keys for positions [kv_begin(p), p] are visible to the query at p, where kv_begin is
 // max(0, p - window + 1) for sliding layers (window > 0) and 0 otherwise.
-// out: [n_rows][n_head][head_dim]. scratch: per-thread buffers of >= max visible keys floats.
+// out: [n_rows][n_head][head_dim].
+// A typed ring gives the same bits as the same attention over its rows read back to f32
+// (kv_rows.h, kv_load_rows): the kernels read each block of keys they visit into f32.
 struct AttentionArgs {
   const float *q;
-  const float *k;
-  const float *v;
+  const void *k;
+  const void *v;
   float *out;
   int n_rows;
   int64_t q_pos0;
@@ -112,6 +118,7 @@ struct AttentionArgs {
   int n_head, n_head_kv, head_dim;
   int window;  // 0 = global
   float scale;
+  KvType k_type = KvType::F32, v_type = KvType::F32;  // element types of the k and v rings
 };
 // On a SIMD tier: tiled with an online softmax (attn_impl.h), keys in chunks of 256
 // absolute positions merged in order; the generic tier (and head dims that are not a

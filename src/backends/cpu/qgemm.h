@@ -55,7 +55,8 @@ using FloatGemmFn = void (*)(const FloatGemmArgs &a, int64_t n0, int64_t n1);
 
 // Attention's partial state over keys [lo, hi] (inclusive, all visible) for query row r
 // and KV head g: m[h], l[h], acc[h][head_dim] for the n_head / n_head_kv query heads of
-// the group (attn_impl.h). head_dim must be a multiple of the tier's lanes.
+// the group (attn_impl.h). head_dim must be a multiple of the tier's lanes. Any k_type,
+// v_type: typed rings are read to f32 a block of keys at a time.
 using AttnChunkFn = void (*)(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l,
                              float *acc);
 

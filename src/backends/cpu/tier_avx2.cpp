@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "backends/cpu/qgemm.h"
 #include "quant/quant.h"
@@ -135,7 +136,11 @@ void run_float(const FloatGemmArgs &a, int64_t n0, int64_t n1) {
 }
 
 void attn_chunk(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l, float *acc) {
-  Attn<Avx2>::chunk(a, r, g, lo, hi, m, l, acc);
+  if (a.k_type == KvType::F32 && a.v_type == KvType::F32) {
+    Attn<Avx2>::chunk(a, r, g, lo, hi, m, l, acc);
+  } else {
+    Attn<Avx2>::chunk_typed(a, r, g, lo, hi, m, l, acc);
+  }
 }
 
 void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {

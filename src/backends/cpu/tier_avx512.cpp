@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "backends/cpu/qgemm.h"
 #include "quant/quant.h"
@@ -115,7 +116,11 @@ void run_float(const FloatGemmArgs &a, int64_t n0, int64_t n1) {
 }
 
 void attn_chunk(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l, float *acc) {
-  Attn<Avx512>::chunk(a, r, g, lo, hi, m, l, acc);
+  if (a.k_type == KvType::F32 && a.v_type == KvType::F32) {
+    Attn<Avx512>::chunk(a, r, g, lo, hi, m, l, acc);
+  } else {
+    Attn<Avx512>::chunk_typed(a, r, g, lo, hi, m, l, acc);
+  }
 }
 
 void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
