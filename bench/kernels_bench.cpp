@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends/cpu/isa.h"
+#include "backends/cpu/kv_rows.h"
 #include "backends/cpu/ops.h"
 #include "backends/cpu/packed.h"
 #include "base/thread_pool.h"
@@ -142,6 +143,43 @@ BENCHMARK(BM_Attention)
     ->Args({1, 8192, 512})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
+
+// args: KV type (geist::KvType, of K and V), rows, cached positions before them. The same
+// geometry over typed rings (every key block read to f32 per query, attn_impl.h); GB/s counts the
+// ring bytes each query reads.
+void BM_AttentionKv(benchmark::State &st) {
+  const auto t = geist::KvType(st.range(0));
+  const int rows = int(st.range(1));
+  const int64_t depth = st.range(2);
+  const int H = 4, HKV = 1, D = 256;
+  const int64_t cap = depth + rows, row = int64_t(HKV) * D;
+  std::vector<float> q(size_t(rows) * H * D), kf(size_t(cap * row)), vf(kf.size()), out(q.size());
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (auto *vec : {&q, &kf, &vf})
+    for (float &x : *vec) x = nd(rng);
+  std::vector<uint8_t> k(size_t(cap) * geist::kv_row_bytes(t, row)), v(k.size());
+  cpu::kv_store_rows(t, kf.data(), cap, row, k.data());
+  cpu::kv_store_rows(t, vf.data(), cap, row, v.data());
+  cpu::AttentionArgs a{q.data(), k.data(), v.data(), out.data(), rows, depth, cap, H, HKV, D, 0, 0.0625f, t, t};
+  double keys = 0;
+  for (int r = 0; r < rows; ++r) keys += double(depth + r + 1);
+  for (auto _ : st) {
+    cpu::attention(a, pool());
+    benchmark::ClobberMemory();
+  }
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(4.0 * keys * H * D * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+  st.counters["GB/s"] = benchmark::Counter(2.0 * keys * geist::kv_row_bytes(t, row) * st.iterations() / 1e9,
+                                           benchmark::Counter::kIsRate);
+}
+void attention_kv_args(benchmark::internal::Benchmark *b) {
+  for (int t = 0; t < 4; ++t) {
+    b->Args({t, 1, 4095});   // decode at 4096 keys
+    b->Args({t, 64, 4032});  // a chunk of 64 rows ending at 4096
+  }
+}
+BENCHMARK(BM_AttentionKv)->Apply(attention_kv_args)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 // Peak read bandwidth: sum a 1 GiB buffer, split over the pool's threads, with 512-bit
 // loads where the CPU has them (4 independent accumulators), else 64-bit adds.
