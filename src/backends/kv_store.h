@@ -3,12 +3,14 @@
 // Positions, not ring slots, cross this line. Global layers hold n_ctx positions; sliding
 // layers a ring of min(n_ctx, W + max_chunk - 1) positions (what a chunk of up to
 // max_chunk queries needs), and where a position lives in it is the store's business.
-// Callers copy rows by position: pin/reset save and rewind the rows a later prefill can
-// overwrite, snapshots read and write rows of positions, so an image moves between
-// backends and chunk sizes.
+// Callers copy rows by position: snapshots read and write rows of positions, so an image
+// moves between backends and chunk sizes. The pin checkpoint (the rows a later prefill
+// can overwrite that a continuation from the pin still reads) lives in the store, on the
+// device for a GPU, so a reset is a device-side copy of the few rows it needs.
 #pragma once
 
 #include <cstddef>
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -57,10 +59,31 @@ class KvStore {
   // be ones the store holds (to - from <= capacity(l)). Pointers need no alignment.
   virtual void read_rows(int l, int64_t from, int64_t to, void *dst) const = 0;
   virtual void write_rows(int l, int64_t from, int64_t to, const void *src) = 0;
-  // Back to a state at n_pin positions, from a rows block of positions
-  // [first_live(l, n_pin), n_pin) saved then: writes back only the rows a later position
-  // in [n_pin, n_past) overwrote (none for global layers). Returns how many.
-  virtual int64_t rewind_rows(int l, int64_t n_pin, int64_t n_past, const void *saved) = 0;
+  // The checkpoint of a pin at n_pin positions: for every sliding layer, the rows of
+  // positions [first_live(l, n_pin), n_pin) (at most W - 1), copied inside the store.
+  virtual void save_checkpoint(int64_t n_pin) = 0;
+  // Back to a state at n_pin positions from the checkpoint saved at n_pin: writes back
+  // only the rows a later position in [n_pin, n_past) overwrote (none for global layers).
+  // Returns how many.
+  virtual int64_t rewind(int l, int64_t n_pin, int64_t n_past) = 0;
+  // The checkpoint of layer l (sliding) as a rows block of [first_live(l, n_pin), n_pin),
+  // to and from the host (snapshots).
+  virtual void read_checkpoint(int l, int64_t n_pin, void *dst) const = 0;
+  virtual void write_checkpoint(int l, int64_t n_pin, const void *src) = 0;
+  // Positions the checkpoint of layer l holds at most: W - 1 (at least 1) for sliding
+  // layers, 0 for global ones.
+  int64_t checkpoint_capacity(int l) const {
+    const int w = specs_[l].window;
+    return w > 0 ? std::max<int64_t>(1, std::min<int64_t>(w - 1, n_ctx_)) : 0;
+  }
+  // Bytes of the checkpoint at n_pin (what a pin costs in memory).
+  size_t checkpoint_bytes(int64_t n_pin) const {
+    size_t b = 0;
+    for (int l = 0; l < n_layers(); ++l) {
+      if (specs_[l].window > 0) b += block_bytes(l, n_pin - first_live(l, n_pin));
+    }
+    return b;
+  }
 
   int64_t n_past = 0;  // positions [0, n_past) are in the store
 

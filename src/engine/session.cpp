@@ -53,7 +53,7 @@ void Session::reserve_tokens(size_t extra) {
 size_t Session::checkpoint_bytes() const {
   size_t b = 0;
   if (pin_) {
-    for (const auto &r : pin_->rows) b += r.size();
+    b += cache_->checkpoint_bytes(int64_t(pin_->n));
     b += pin_->logits.size() * sizeof(float);
   }
   return b;
@@ -157,13 +157,7 @@ std::unique_ptr<Session::Pin> Session::make_pin() const {
   pin->n = tokens_.size();
   pin->logits = logits_;
   pin->sampler = sampler_.state();
-  pin->rows.resize(static_cast<size_t>(cache_->n_layers()));
-  for (int l = 0; l < cache_->n_layers(); ++l) {
-    if (cache_->spec(l).window == 0) continue;
-    const int64_t from = cache_->first_live(l, int64_t(pin->n));
-    pin->rows[l].resize(cache_->block_bytes(l, int64_t(pin->n) - from));
-    cache_->read_rows(l, from, int64_t(pin->n), pin->rows[l].data());
-  }
+  cache_->save_checkpoint(int64_t(pin->n));
   return pin;
 }
 
@@ -199,7 +193,7 @@ void Session::reset() {
     const int64_t p = int64_t(pin_->n), n_past = cache_->n_past;
     for (int l = 0; l < cache_->n_layers(); ++l) {
       if (cache_->spec(l).window == 0) continue;
-      stats_.n_reset_rows += uint64_t(cache_->rewind_rows(l, p, n_past, pin_->rows[l].data()));
+      stats_.n_reset_rows += uint64_t(cache_->rewind(l, p, n_past));
     }
     cache_->n_past = p;
     tokens_.resize(pin_->n);

@@ -9,9 +9,9 @@
 // message) takes the session back to its pin, or empty if it has none.
 //
 // Pin and reset. pin_prefix(P tokens) records the state after them: tokens, logits,
-// sampler state, and for each sliding-window layer the K/V rows of positions
-// [P-W+1, P) — the only rows a later prefill can overwrite (the ring is W + chunk - 1
-// slots) that a continuation from P still reads. Global layers never lose rows below
+// sampler state, and (in the KV store, on the device for a GPU) for each sliding-window
+// layer the K/V rows of positions [P-W+1, P) — the only rows a later prefill can
+// overwrite (the ring is W + chunk - 1 slots) that a continuation from P still reads. Global layers never lose rows below
 // n_past. reset() truncates to P and copies back only the checkpoint rows whose slots
 // later positions overwrote, so it is O(1) for a request of up to `chunk` tokens.
 //
@@ -112,9 +112,8 @@ class Session {
     size_t n = 0;
     std::vector<float> logits;  // [n_vocab]
     Sampler::State sampler;
-    // Per layer: the rows block (KvStore::read_rows) of positions [first_live(l, n), n)
-    // for sliding layers; empty for global ones.
-    std::vector<std::vector<uint8_t>> rows;
+    // The K/V rows a continuation from n still reads that a later prefill can overwrite
+    // are the KV store's checkpoint (KvStore::save_checkpoint), kept where the rows live.
   };
 
   Session(const Model &m, const SessionParams &p, std::unique_ptr<KvStore> c, std::unique_ptr<Exec> e);

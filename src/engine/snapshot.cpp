@@ -118,7 +118,9 @@ size_t Session::snapshot_size() const {
   if (pin_) b += 40 + sizeof(int32_t) * pin_->sampler.history.size() + sizeof(float) * nv;
   for (int l = 0; l < cache_->n_layers(); ++l) {
     b += cache_->block_bytes(l, n - cache_->first_live(l, n));
-    if (pin_ && !live && cache_->spec(l).window > 0) b += pin_->rows[l].size();
+    if (pin_ && !live && cache_->spec(l).window > 0) {
+      b += cache_->block_bytes(l, int64_t(pin_->n) - cache_->first_live(l, int64_t(pin_->n)));
+    }
   }
   return b;
 }
@@ -174,7 +176,9 @@ Status Session::snapshot(void *buf, size_t cap, size_t *written) const {
   }
   if (pin_ && !live) {
     for (int l = 0; l < cache_->n_layers(); ++l) {
-      if (cache_->spec(l).window > 0) w.bytes(pin_->rows[l].data(), pin_->rows[l].size());
+      if (cache_->spec(l).window == 0) continue;
+      cache_->read_checkpoint(l, int64_t(pin_->n), base + w.offset());
+      w.skip(cache_->block_bytes(l, int64_t(pin_->n) - cache_->first_live(l, int64_t(pin_->n))));
     }
   }
   GEIST_CHECK(w.offset() == size, "snapshot size and layout disagree");
@@ -304,27 +308,19 @@ Status Session::restore(const void *buf, size_t size) {
   // Everything is validated. Stage what needs memory, then commit: nothing below the
   // sampler's set_state fails, and that leaves the session unchanged if it does. A serving
   // loop restores the same image before every request, so the session's own buffers (the
-  // tokens, the pin's logits, sampler history and checkpoint rows) already have the
-  // capacity and are overwritten in place: a restore then allocates only the sampler's
-  // history. (Building a new pin every time, ~8 MiB on Gemma 3 270M, and freeing the old
+  // tokens, the pin's logits and sampler history) already have the capacity and are
+  // overwritten in place, and the checkpoint rows go to the KV store's own checkpoint
+  // (reserved with the store): a restore then allocates only the sampler's history. (Building a new pin every time, ~8 MiB on Gemma 3 270M, and freeing the old
   // one after, left the heap holding both: RSS rose for the first requests; issue 12,
   // finding 11.)
-  auto ckpt_bytes = [&](int l) -> size_t {
-    if (cache_->spec(l).window == 0) return 0;
-    return cache_->block_bytes(l, int64_t(n_pin) - cache_->first_live(l, int64_t(n_pin)));
-  };
   std::vector<int32_t> new_tokens;
   if (tokens_.capacity() < n) new_tokens.reserve(n);
-  bool reuse_pin = n_pin > 0 && pin_ && pin_->logits.capacity() >= nv &&
-                   pin_->sampler.history.capacity() >= pst.history.size() &&
-                   pin_->rows.size() == size_t(cache_->n_layers());
-  for (int l = 0; reuse_pin && l < cache_->n_layers(); ++l) reuse_pin = pin_->rows[l].capacity() >= ckpt_bytes(l);
+  const bool reuse_pin = n_pin > 0 && pin_ && pin_->logits.capacity() >= nv &&
+                         pin_->sampler.history.capacity() >= pst.history.size();
   std::unique_ptr<Pin> new_pin;
   if (n_pin > 0 && !reuse_pin) {
     new_pin = std::make_unique<Pin>();
     new_pin->logits.reserve(nv);
-    new_pin->rows.resize(cache_->n_layers());
-    for (int l = 0; l < cache_->n_layers(); ++l) new_pin->rows[l].reserve(ckpt_bytes(l));
   }
   sampler_.set_state(sst);  // the last step that can fail (strong guarantee)
 
@@ -347,17 +343,15 @@ Status Session::restore(const void *buf, size_t size) {
     } else {
       pin.sampler.history.swap(pst.history);  // a new pin: take the staged vector
     }
-    for (int l = 0; l < cache_->n_layers(); ++l) {
-      pin.rows[l].resize(ckpt_bytes(l));
-      // live: the checkpoint rows are the kv section's rows (same positions).
-      if (!pin.rows[l].empty()) std::memcpy(pin.rows[l].data(), live ? kv[l] : ck[l], pin.rows[l].size());
-    }
   }
-  // Write the checkpoint rows first, then the live rows, so each ring slot ends holding
-  // the latest position, as after an uninterrupted run.
+  // The checkpoint rows to the store's checkpoint and to the rings, then the live rows, so
+  // each ring slot ends holding the latest position, as after an uninterrupted run. live:
+  // the checkpoint rows are the kv section's rows (same positions).
   for (int l = 0; l < cache_->n_layers(); ++l) {
     if (pin_ && cache_->spec(l).window > 0) {
-      cache_->write_rows(l, cache_->first_live(l, int64_t(n_pin)), int64_t(n_pin), pin_->rows[l].data());
+      const uint8_t *rows = live ? kv[l] : ck[l];
+      cache_->write_checkpoint(l, int64_t(n_pin), rows);
+      cache_->write_rows(l, cache_->first_live(l, int64_t(n_pin)), int64_t(n_pin), rows);
     }
     const int64_t from = cache_->first_live(l, int64_t(n));
     cache_->write_rows(l, from, int64_t(n), kv[l]);  // copies with memcpy: no alignment needed

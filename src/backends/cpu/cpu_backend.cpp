@@ -17,14 +17,19 @@
 namespace geist {
 namespace {
 
-// K and V rings of every layer in the store's types (kv_type.h), one anonymous mapping.
+// K and V rings of every layer in the store's types (kv_type.h), then the pin checkpoint's
+// rings (W - 1 positions of each sliding layer, also addressed by position), in one
+// anonymous mapping: pages are committed as positions are written, the checkpoint's only
+// once something is pinned.
 class CpuKvStore final : public KvStore {
  public:
   static Result<std::unique_ptr<CpuKvStore>> create(const std::vector<KvLayerSpec> &layers, int64_t n_ctx,
                                                     int max_chunk, KvType tk, KvType tv) {
     std::unique_ptr<CpuKvStore> c(new CpuKvStore(layers, n_ctx, max_chunk, tk, tv));
     size_t total = 0;
-    for (int l = 0; l < c->n_layers(); ++l) total += c->block_bytes(l, c->capacity(l));
+    for (int l = 0; l < c->n_layers(); ++l) {
+      total += c->block_bytes(l, c->capacity(l)) + c->block_bytes(l, c->checkpoint_capacity(l));
+    }
     if (total > 0) {
       void *m = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (m == MAP_FAILED) {
@@ -36,10 +41,13 @@ class CpuKvStore final : public KvStore {
     c->bytes_ = total;
     uint8_t *p = static_cast<uint8_t *>(c->mapping_);
     for (int l = 0; l < c->n_layers(); ++l) {
-      c->k_.push_back(p);
-      p += size_t(c->capacity(l)) * c->row_bytes_k(l);
-      c->v_.push_back(p);
-      p += size_t(c->capacity(l)) * c->row_bytes_v(l);
+      c->main_.push_back({p, p + size_t(c->capacity(l)) * c->row_bytes_k(l), c->capacity(l)});
+      p += c->block_bytes(l, c->capacity(l));
+    }
+    for (int l = 0; l < c->n_layers(); ++l) {
+      const int64_t cap = c->checkpoint_capacity(l);
+      c->ckpt_.push_back({p, p + size_t(cap) * c->row_bytes_k(l), cap});
+      p += c->block_bytes(l, cap);
     }
     return c;
   }
@@ -48,41 +56,20 @@ class CpuKvStore final : public KvStore {
   }
 
   size_t bytes_reserved() const override { return bytes_; }
-  const uint8_t *k(int l) const { return k_[l]; }
-  const uint8_t *v(int l) const { return v_[l]; }
+  const uint8_t *k(int l) const { return main_[l].k; }
+  const uint8_t *v(int l) const { return main_[l].v; }
 
-  void read_rows(int l, int64_t from, int64_t to, void *dst) const override {
-    const size_t bk = row_bytes_k(l), bv = row_bytes_v(l), n = size_t(to - from);
-    uint8_t *d = static_cast<uint8_t *>(dst);
-    for (int64_t p = from; p < to; ++p) {
-      const size_t s = slot(l, p), i = size_t(p - from);
-      std::memcpy(d + i * bk, k_[l] + s * bk, bk);
-      std::memcpy(d + n * bk + i * bv, v_[l] + s * bv, bv);
-    }
-  }
-
+  void read_rows(int l, int64_t from, int64_t to, void *dst) const override { to_block(l, main_[l], from, to, dst); }
   void write_rows(int l, int64_t from, int64_t to, const void *src) override {
-    const size_t bk = row_bytes_k(l), bv = row_bytes_v(l), n = size_t(to - from);
-    const uint8_t *d = static_cast<const uint8_t *>(src);
-    for (int64_t p = from; p < to; ++p) {
-      const size_t s = slot(l, p), i = size_t(p - from);
-      std::memcpy(k_[l] + s * bk, d + i * bk, bk);
-      std::memcpy(v_[l] + s * bv, d + n * bk + i * bv, bv);
-    }
+    from_block(l, main_[l], from, to, src);
   }
 
-  // Rows [n_rows][row_floats] f32 of positions pos0.. stored in the store's types.
-  void append(int l, int64_t pos0, int n_rows, const float *k, const float *v) {
-    const int64_t rf = spec(l).row_floats;
-    const size_t bk = row_bytes_k(l), bv = row_bytes_v(l);
-    for (int r = 0; r < n_rows; ++r) {
-      const size_t s = slot(l, pos0 + r);
-      store_row(type_k(), k + size_t(r) * size_t(rf), rf, k_[l] + s * bk);
-      store_row(type_v(), v + size_t(r) * size_t(rf), rf, v_[l] + s * bv);
+  void save_checkpoint(int64_t n_pin) override {
+    for (int l = 0; l < n_layers(); ++l) {
+      if (spec(l).window > 0) copy(l, main_[l], ckpt_[l], first_live(l, n_pin), n_pin);
     }
   }
-
-  int64_t rewind_rows(int l, int64_t n_pin, int64_t n_past, const void *saved) override {
+  int64_t rewind(int l, int64_t n_pin, int64_t n_past) override {
     if (spec(l).window == 0 || n_past <= n_pin) return 0;
     const int64_t from = first_live(l, n_pin);
     // Position q's slot was overwritten iff some position in [n_pin, n_past) maps to it,
@@ -90,26 +77,70 @@ class CpuKvStore final : public KvStore {
     // n_pin - q).
     const int64_t to = std::min(n_pin, n_past - capacity(l));
     if (to <= from) return 0;
-    const size_t bk = row_bytes_k(l), bv = row_bytes_v(l), rows = size_t(n_pin - from);
-    const uint8_t *d = static_cast<const uint8_t *>(saved);
-    for (int64_t q = from; q < to; ++q) {
-      const size_t s = slot(l, q), i = size_t(q - from);
-      std::memcpy(k_[l] + s * bk, d + i * bk, bk);
-      std::memcpy(v_[l] + s * bv, d + rows * bk + i * bv, bv);
-    }
+    copy(l, ckpt_[l], main_[l], from, to);
     return to - from;
+  }
+  void read_checkpoint(int l, int64_t n_pin, void *dst) const override {
+    to_block(l, ckpt_[l], first_live(l, n_pin), n_pin, dst);
+  }
+  void write_checkpoint(int l, int64_t n_pin, const void *src) override {
+    from_block(l, ckpt_[l], first_live(l, n_pin), n_pin, src);
+  }
+
+  // Rows [n_rows][row_floats] f32 of positions pos0.. stored in the store's types.
+  void append(int l, int64_t pos0, int n_rows, const float *k, const float *v) {
+    const int64_t rf = spec(l).row_floats;
+    const Ring &R = main_[l];
+    const size_t bk = row_bytes_k(l), bv = row_bytes_v(l);
+    for (int r = 0; r < n_rows; ++r) {
+      const size_t s = size_t((pos0 + r) % R.cap);
+      store_row(type_k(), k + size_t(r) * size_t(rf), rf, R.k + s * bk);
+      store_row(type_v(), v + size_t(r) * size_t(rf), rf, R.v + s * bv);
+    }
   }
 
  private:
+  // K and V rows of positions in a ring of cap slots: position p at slot p % cap.
+  struct Ring {
+    uint8_t *k, *v;
+    int64_t cap;
+  };
   CpuKvStore(const std::vector<KvLayerSpec> &layers, int64_t n_ctx, int max_chunk, KvType tk, KvType tv)
       : KvStore(layers, n_ctx, max_chunk, tk, tv) {}
-  size_t slot(int l, int64_t p) const { return size_t(p % capacity(l)); }
+
+  // Positions [from, to) between a ring and a rows block / another ring.
+  void to_block(int l, const Ring &R, int64_t from, int64_t to, void *dst) const {
+    const size_t bk = row_bytes_k(l), bv = row_bytes_v(l), n = size_t(to - from);
+    uint8_t *d = static_cast<uint8_t *>(dst);
+    for (int64_t p = from; p < to; ++p) {
+      const size_t s = size_t(p % R.cap), i = size_t(p - from);
+      std::memcpy(d + i * bk, R.k + s * bk, bk);
+      std::memcpy(d + n * bk + i * bv, R.v + s * bv, bv);
+    }
+  }
+  void from_block(int l, const Ring &R, int64_t from, int64_t to, const void *src) {
+    const size_t bk = row_bytes_k(l), bv = row_bytes_v(l), n = size_t(to - from);
+    const uint8_t *d = static_cast<const uint8_t *>(src);
+    for (int64_t p = from; p < to; ++p) {
+      const size_t s = size_t(p % R.cap), i = size_t(p - from);
+      std::memcpy(R.k + s * bk, d + i * bk, bk);
+      std::memcpy(R.v + s * bv, d + n * bk + i * bv, bv);
+    }
+  }
+  void copy(int l, const Ring &src, const Ring &dst, int64_t from, int64_t to) {
+    const size_t bk = row_bytes_k(l), bv = row_bytes_v(l);
+    for (int64_t p = from; p < to; ++p) {
+      const size_t a = size_t(p % src.cap), b = size_t(p % dst.cap);
+      std::memcpy(dst.k + b * bk, src.k + a * bk, bk);
+      std::memcpy(dst.v + b * bv, src.v + a * bv, bv);
+    }
+  }
   static void store_row(KvType t, const float *x, int64_t n, uint8_t *dst) {
     GEIST_CHECK(t == KvType::F32, "KV type not supported by the CPU backend");
     std::memcpy(dst, x, size_t(n) * sizeof(float));
   }
 
-  std::vector<uint8_t *> k_, v_;
+  std::vector<Ring> main_, ckpt_;
   void *mapping_ = nullptr;
   size_t bytes_ = 0;
 };

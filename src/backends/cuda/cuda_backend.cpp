@@ -40,9 +40,12 @@ class CudaKvStore final : public KvStore {
     }
   }
 
+  // The rings (K, V of every layer), then the checkpoint's rings of the sliding layers.
   Status allocate() {
-    for (int l = 0; l < n_layers(); ++l) {
-      for (size_t bytes : {size_t(capacity(l)) * row_bytes_k(l), size_t(capacity(l)) * row_bytes_v(l)}) {
+    for (int l = 0; l < 2 * n_layers(); ++l) {
+      const int ll = l % n_layers();
+      const int64_t cap = l < n_layers() ? capacity(ll) : checkpoint_capacity(ll);
+      for (size_t bytes : {size_t(cap) * row_bytes_k(ll), size_t(cap) * row_bytes_v(ll)}) {
         Result<void *> p = cuda::device_alloc(std::max<size_t>(bytes, 1));
         if (!p) {
           return GEIST_ERROR(GEIST_E_OUT_OF_MEMORY,
@@ -59,13 +62,15 @@ class CudaKvStore final : public KvStore {
   }
   size_t total_bytes() const {
     size_t b = 0;
-    for (int l = 0; l < n_layers(); ++l) b += block_bytes(l, capacity(l));
+    for (int l = 0; l < n_layers(); ++l) b += block_bytes(l, capacity(l)) + block_bytes(l, checkpoint_capacity(l));
     return b;
   }
 
   size_t bytes_reserved() const override { return bytes_; }
   void *k(int l) const { return rings_[2 * size_t(l)]; }
   void *v(int l) const { return rings_[2 * size_t(l) + 1]; }
+  void *ck(int l) const { return rings_[2 * size_t(n_layers() + l)]; }
+  void *cv(int l) const { return rings_[2 * size_t(n_layers() + l) + 1]; }
   int device() const { return device_; }
 
   // Host copies by position. The session calls these between forward passes, which end
@@ -90,19 +95,52 @@ class CudaKvStore final : public KvStore {
           "writing V rows");
     check(cuda::stream_sync(nullptr), "writing KV rows");
   }
-  int64_t rewind_rows(int l, int64_t n_pin, int64_t n_past, const void *saved) override {
+  // The checkpoint: device to device, by position (no host copy on pin or reset).
+  void save_checkpoint(int64_t n_pin) override {
+    for (int l = 0; l < n_layers(); ++l) {
+      if (spec(l).window == 0) continue;
+      const int64_t from = first_live(l, n_pin), rf = spec(l).row_floats;
+      check(cuda::kv_copy_positions(type_k(), k(l), capacity(l), ck(l), checkpoint_capacity(l), rf, from, n_pin,
+                                    nullptr),
+            "saving the K checkpoint");
+      check(cuda::kv_copy_positions(type_v(), v(l), capacity(l), cv(l), checkpoint_capacity(l), rf, from, n_pin,
+                                    nullptr),
+            "saving the V checkpoint");
+    }
+    check(cuda::stream_sync(nullptr), "saving the checkpoint");
+  }
+  int64_t rewind(int l, int64_t n_pin, int64_t n_past) override {
     if (spec(l).window == 0 || n_past <= n_pin) return 0;
+    // Position q's slot was overwritten iff q + capacity < n_past (see the CPU store).
     const int64_t from = first_live(l, n_pin), to = std::min(n_pin, n_past - capacity(l));
     if (to <= from) return 0;
-    // The saved block holds [from, n_pin): its K rows, then its V rows.
-    const uint8_t *d = static_cast<const uint8_t *>(saved);
-    const size_t rows = size_t(n_pin - from);
-    const int64_t rf = spec(l).row_floats, cap = capacity(l);
-    check(cuda::kv_write_positions(type_k(), k(l), cap, rf, from, to, d, nullptr), "rewinding K rows");
-    check(cuda::kv_write_positions(type_v(), v(l), cap, rf, from, to, d + rows * row_bytes_k(l), nullptr),
+    const int64_t rf = spec(l).row_floats;
+    check(cuda::kv_copy_positions(type_k(), ck(l), checkpoint_capacity(l), k(l), capacity(l), rf, from, to, nullptr),
+          "rewinding K rows");
+    check(cuda::kv_copy_positions(type_v(), cv(l), checkpoint_capacity(l), v(l), capacity(l), rf, from, to, nullptr),
           "rewinding V rows");
     check(cuda::stream_sync(nullptr), "rewinding KV rows");
     return to - from;
+  }
+  void read_checkpoint(int l, int64_t n_pin, void *dst) const override {
+    const int64_t from = first_live(l, n_pin), rf = spec(l).row_floats, cap = checkpoint_capacity(l);
+    if (n_pin <= from) return;
+    uint8_t *d = static_cast<uint8_t *>(dst);
+    check(cuda::kv_read_positions(type_k(), ck(l), cap, rf, from, n_pin, d, nullptr), "reading the K checkpoint");
+    check(cuda::kv_read_positions(type_v(), cv(l), cap, rf, from, n_pin, d + size_t(n_pin - from) * row_bytes_k(l),
+                                  nullptr),
+          "reading the V checkpoint");
+    check(cuda::stream_sync(nullptr), "reading the checkpoint");
+  }
+  void write_checkpoint(int l, int64_t n_pin, const void *src) override {
+    const int64_t from = first_live(l, n_pin), rf = spec(l).row_floats, cap = checkpoint_capacity(l);
+    if (n_pin <= from) return;
+    const uint8_t *d = static_cast<const uint8_t *>(src);
+    check(cuda::kv_write_positions(type_k(), ck(l), cap, rf, from, n_pin, d, nullptr), "writing the K checkpoint");
+    check(cuda::kv_write_positions(type_v(), cv(l), cap, rf, from, n_pin,
+                                   d + size_t(n_pin - from) * row_bytes_k(l), nullptr),
+          "writing the V checkpoint");
+    check(cuda::stream_sync(nullptr), "writing the checkpoint");
   }
 
  private:
