@@ -1,5 +1,5 @@
 // Element types of the KV cache, shared by every backend. A row of n elements (n a
-// multiple of 32) is stored as:
+// multiple of 32 for q8_0) is stored as:
 //   F32   n floats;
 //   F16   n IEEE halves, round-to-nearest-even (quant::fp32_to_fp16);
 //   BF16  n bfloat16, round-to-nearest-even of the top 16 bits (a NaN stays a quiet NaN);
@@ -39,7 +39,7 @@ inline std::optional<KvType> kv_type_from_name(std::string_view s) {
   return std::nullopt;
 }
 
-// Bytes of one row of n elements (n a multiple of 32).
+// Bytes of one row of n elements (n a multiple of 32 for q8_0).
 inline size_t kv_row_bytes(KvType t, int64_t n) {
   switch (t) {
     case KvType::F32: return size_t(n) * 4;

@@ -9,6 +9,7 @@
 
 #include "backends/backend.h"
 #include "backends/cpu/isa.h"
+#include "backends/cpu/kv_rows.h"
 #include "backends/cpu/ops.h"
 #include "backends/cpu/packed.h"
 #include "base/thread_pool.h"
@@ -136,8 +137,11 @@ class CpuKvStore final : public KvStore {
     }
   }
   static void store_row(KvType t, const float *x, int64_t n, uint8_t *dst) {
-    GEIST_CHECK(t == KvType::F32, "KV type not supported by the CPU backend");
-    std::memcpy(dst, x, size_t(n) * sizeof(float));
+    if (t == KvType::F32) {
+      std::memcpy(dst, x, size_t(n) * sizeof(float));
+    } else {
+      cpu::kv_store_rows(t, x, 1, n, dst);
+    }
   }
 
   std::vector<Ring> main_, ckpt_;
@@ -208,8 +212,20 @@ class CpuExec final : public Exec {
   void attention(const KvStore &kv, int l, Act q, Act out, int n_rows, int n_head, int head_dim, int window,
                  float scale) override {
     const auto &c = static_cast<const CpuKvStore &>(kv);
-    cpu::AttentionArgs a{q.p, reinterpret_cast<const float *>(c.k(l)), reinterpret_cast<const float *>(c.v(l)), out.p, n_rows, pos0_, c.capacity(l), n_head,
-                         int(c.spec(l).row_floats / head_dim), head_dim, window, scale};
+    cpu::AttentionArgs a{q.p,
+                         c.k(l),
+                         c.v(l),
+                         out.p,
+                         n_rows,
+                         pos0_,
+                         c.capacity(l),
+                         n_head,
+                         int(c.spec(l).row_floats / head_dim),
+                         head_dim,
+                         window,
+                         scale,
+                         c.type_k(),
+                         c.type_v()};
     cpu::attention(a, pool_);
   }
   void gelu_mul(Act gate, Act up, Act out, int64_t n) override { cpu::gelu_mul(gate.p, up.p, out.p, n, pool_); }
@@ -263,9 +279,6 @@ class CpuBackend final : public Backend {
   Result<std::unique_ptr<KvStore>> create_kv(const std::vector<KvLayerSpec> &layers, int64_t n_ctx, int max_chunk,
                                              KvType tk, KvType tv) override {
     GEIST_RETURN_IF_ERROR(check_kv_args(layers, n_ctx, max_chunk, tk, tv));
-    if (tk != KvType::F32 || tv != KvType::F32) {
-      return GEIST_ERROR(GEIST_E_UNSUPPORTED, "the CPU backend stores f32 KV rows only");
-    }
     std::unique_ptr<CpuKvStore> c;
     GEIST_ASSIGN_OR_RETURN(c, CpuKvStore::create(layers, n_ctx, max_chunk, tk, tv));
     return std::unique_ptr<KvStore>(std::move(c));
