@@ -363,5 +363,70 @@ TEST(CudaModel, FaultsAreCleanErrors) {
   EXPECT_TRUE(ok->prefill(ids.data(), ids.size()).is_ok());
 }
 
+// A device error in the middle of a forward pass (injected: GEIST_CUDA_INJECT_FAULT=N
+// fails the N-th op of a new session's exec): the call returns the error naming the
+// device, the session goes back to its pin, and what follows is bit-identical to a
+// session that never failed.
+TEST(CudaModel, ADeviceErrorMidForwardRecoversToThePin) {
+  const std::string path = test::data_path("gemma4/tiny_gemma4_a_q8_0.gguf");
+  LOAD_CUDA_OR_SKIP(gpu, path);
+  const std::vector<int32_t> ids = random_ids(*gpu, 120, 9);
+  std::unique_ptr<Session> clean = session(*gpu, 16);
+  const std::vector<float> ref = all_logits(*clean, ids);
+  for (const char *at : {"1", "40", "500"}) {
+    setenv("GEIST_CUDA_INJECT_FAULT", at, 1);
+    std::unique_ptr<Session> s = session(*gpu, 16);
+    unsetenv("GEIST_CUDA_INJECT_FAULT");
+    ASSERT_TRUE(s);
+    Status st = s->pin_prefix(ids.data(), 40);
+    if (st.is_ok()) {  // the fault comes later: in the request after the pin
+      std::vector<float> out(80 * size_t(gpu->info().n_vocab));
+      st = s->prefill_with_logits(ids.data() + 40, 80, 0, out.data());
+      ASSERT_FALSE(st.is_ok()) << "fault at op " << at << " never fired";
+      EXPECT_EQ(s->n_tokens(), 40u) << "back at the pin";
+    } else {
+      EXPECT_EQ(s->n_tokens(), 0u) << "no pin: empty";
+      ASSERT_TRUE(s->pin_prefix(ids.data(), 40).is_ok());
+    }
+    EXPECT_NE(st.message().find("CUDA 0"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("injected fault"), std::string::npos) << st.message();
+    std::printf("fault at op %s: %s\n", at, st.message().c_str());
+    // From the pin, the rest equals the clean run bit for bit.
+    s->reset();
+    std::vector<float> out(80 * size_t(gpu->info().n_vocab));
+    ASSERT_TRUE(s->prefill_with_logits(ids.data() + 40, 80, 0, out.data()).is_ok());
+    EXPECT_TRUE(same_bits(out, std::vector<float>(ref.begin() + 40 * gpu->info().n_vocab, ref.end()))) << at;
+  }
+}
+
+// A KV cache far larger than any device: a clean GEIST_E_OUT_OF_MEMORY naming the size.
+TEST(CudaModel, KvCacheLargerThanTheDevice) {
+  const std::string path = test::data_path("gemma4/tiny_gemma4_a_f32.gguf");
+  LOAD_CUDA_OR_SKIP(gpu, path);
+  SessionParams sp;
+  sp.n_ctx = int64_t(1) << 24;
+  sp.chunk = 65536;
+  // Rows are tiny here; make each position large instead with many sessions' worth: the
+  // same model at 2^24 positions is about 2 GiB, so hold sessions until the device is full.
+  std::vector<std::unique_ptr<Session>> held;
+  Status last;
+  for (int i = 0; i < 4096 && last.is_ok(); ++i) {
+    Result<std::unique_ptr<Session>> r = Session::create(*gpu, sp);
+    if (r) {
+      held.push_back(std::move(r).value());
+    } else {
+      last = r.status();
+    }
+  }
+  ASSERT_FALSE(last.is_ok()) << "4096 sessions of 2^24 positions fit on the device";
+  EXPECT_EQ(last.code(), GEIST_E_OUT_OF_MEMORY) << last.to_string();
+  std::printf("after %zu sessions: %s\n", held.size(), last.message().c_str());
+  held.clear();
+  std::unique_ptr<Session> ok = session(*gpu, 8);
+  ASSERT_TRUE(ok);
+  const std::vector<int32_t> ids = random_ids(*gpu, 20, 1);
+  EXPECT_TRUE(ok->prefill(ids.data(), ids.size()).is_ok());
+}
+
 }  // namespace
 }  // namespace geist

@@ -6,6 +6,7 @@
 // Compiled only with -DGEIST_CUDA=ON (src/CMakeLists.txt); plain C++ over kernels.h, so it
 // needs no CUDA headers.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -159,7 +160,11 @@ class CudaKvStore final : public KvStore {
 class CudaExec final : public Exec {
  public:
   CudaExec(int device, std::string name, int max_chunk, size_t matmul_scratch)
-      : device_(device), name_(std::move(name)), max_rows_(max_chunk), matmul_scratch_bytes_(matmul_scratch) {}
+      : device_(device), name_(std::move(name)), max_rows_(max_chunk), matmul_scratch_bytes_(matmul_scratch) {
+    // Fault injection for tests: GEIST_CUDA_INJECT_FAULT=N makes the N-th op (counted from
+    // this exec's creation, 1-based) fail as a device error would.
+    if (const char *e = std::getenv("GEIST_CUDA_INJECT_FAULT")) inject_at_ = std::strtoll(e, nullptr, 10);
+  }
   ~CudaExec() override {
     if (!cuda::set_device(device_).is_ok()) return;
     if (stream_) {
@@ -334,6 +339,9 @@ class CudaExec final : public Exec {
     if (error_.is_ok() && !s.is_ok()) error_ = s;
   }
   void run(const Status &s, const char *what) {
+    if (inject_at_ > 0 && ++ops_ == inject_at_) {
+      fail(on_device(Status(GEIST_E_INTERNAL, "injected fault (GEIST_CUDA_INJECT_FAULT)"), name_, what));
+    }
     if (!s.is_ok()) fail(on_device(s, name_, what));
   }
 
@@ -352,6 +360,7 @@ class CudaExec final : public Exec {
   int n_rows_ = 0;
   int64_t pos0_ = 0;
   Status error_;
+  long long inject_at_ = 0, ops_ = 0;
 };
 
 class CudaBackend final : public Backend {
