@@ -50,6 +50,9 @@ class Exec {
   // model calls buffer() for every slot with its widest use in reserve(); later calls with
   // a width no larger return the same memory without allocating.
   virtual Act buffer(int slot, int64_t width) = 0;
+  // Whether every buffer() so far got its memory (a device can run out): the session
+  // checks it after reserve and refuses to start otherwise.
+  virtual Status reserve_status() const { return Status::ok(); }
 
   // One forward call: n_rows tokens (ids checked by the caller) at positions
   // pos0 .. pos0 + n_rows - 1. The pointer must stay valid until end_step.

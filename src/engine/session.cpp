@@ -11,7 +11,6 @@ namespace geist {
 Session::Session(const Model &m, const SessionParams &p, std::unique_ptr<KvStore> c, std::unique_ptr<Exec> e)
     : model_(m), params_(p), cache_(std::move(c)), exec_(std::move(e)), sampler_(p.sampling) {
   logits_.resize(static_cast<size_t>(m.info().n_vocab));
-  m.arch().reserve(*exec_);
 }
 
 Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionParams &p) {
@@ -39,6 +38,8 @@ Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionPa
   GEIST_ASSIGN_OR_RETURN(cache, b.create_kv(m.arch().kv_layout(), q.n_ctx, q.chunk, q.type_k, q.type_v));
   std::unique_ptr<Exec> exec;
   GEIST_ASSIGN_OR_RETURN(exec, b.create_exec(threads, q.chunk));
+  m.arch().reserve(*exec);
+  GEIST_RETURN_IF_ERROR(exec->reserve_status());
   return std::unique_ptr<Session>(new Session(m, q, std::move(cache), std::move(exec)));
 }
 

@@ -202,6 +202,9 @@ class CudaExec final : public Exec {
       b.n = 0;
       void *p = nullptr;
       if (Status s = alloc(&p, n * sizeof(float), "scratch"); !s.is_ok()) {
+        // The logits buffer is made on the first step that wants logits: its failure is
+        // that step's error only.
+        if (slot != kOutputSlot && reserve_error_.is_ok()) reserve_error_ = s;
         fail(s);
         return {nullptr, width};
       }
@@ -211,8 +214,10 @@ class CudaExec final : public Exec {
     return {b.p, width};
   }
 
+  Status reserve_status() const override { return reserve_error_; }
+
   void begin_step(const int32_t *tokens, int n_rows, int64_t pos0) override {
-    error_ = Status::ok();
+    error_ = reserve_error_;  // a buffer that never got memory fails every step
     outputs_.clear();
     n_rows_ = n_rows;
     pos0_ = pos0;
@@ -360,6 +365,7 @@ class CudaExec final : public Exec {
   int n_rows_ = 0;
   int64_t pos0_ = 0;
   Status error_;
+  Status reserve_error_;
   long long inject_at_ = 0, ops_ = 0;
 };
 
