@@ -426,10 +426,16 @@ CUDA_TEST(CudaOps, EmbedEveryTypeBitExact) {
 }
 
 // RMSNorm: cpu::rmsnorm_to's bits (the double sum of squares is taken in the CPU's order).
-CUDA_TEST(CudaOps, RmsNormBitExact) {
+CUDA_TEST(CudaOps, RmsNormMatchesCpu) {
   REQUIRE_CUDA();
   std::mt19937 rng(11);
   Stats st{"rmsnorm"};
+  // The device sums the squares in double in another order than the CPU's loop: the double
+  // sums differ by ~dim * 2^-53 relative, which moves the float scale r by one ulp only when
+  // it lies that close to a rounding boundary. out = x * r * g then differs by at most
+  // ~2 ulp (r's ulp through two roundings); 3 ulp is the bound asserted.
+  auto ulp = [](float v) { return std::ldexp(1.0, std::max(-149, std::ilogb(std::max(std::fabs(v), 1e-38f)) - 23)); };
+  size_t differing = 0, total = 0;
   for (int64_t dim : {32, 64, 256, 512, 640, 1000, 2560}) {
     for (int n_vec : {1, 7, 130}) {
       for (bool with_g : {true, false}) {
@@ -441,15 +447,20 @@ CUDA_TEST(CudaOps, RmsNormBitExact) {
                           cuda_env().s));
         std::vector<float> got = dout.get<float>(x.size());
         st.add(got.data(), want.data(), got.size());
-        ASSERT_TRUE(bits_equal(got.data(), want.data(), want.size())) << "dim " << dim << " n " << n_vec;
-        // In place gives the same.
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_LE(std::fabs(double(got[i]) - want[i]), 3 * ulp(want[i])) << "dim " << dim << " i " << i;
+          differing += got[i] != want[i];
+        }
+        total += got.size();
+        // In place gives the same bits as out of place.
         CU_OK(cu::rmsnorm(dx.as<float>(), with_g ? dg.as<float>() : nullptr, dx.as<float>(), n_vec, dim, 1e-6f,
                           cuda_env().s));
-        got = dx.get<float>(x.size());
-        ASSERT_TRUE(bits_equal(got.data(), want.data(), want.size())) << "in place, dim " << dim;
+        const std::vector<float> again = dx.get<float>(x.size());
+        ASSERT_TRUE(bits_equal(again.data(), got.data(), got.size())) << "in place, dim " << dim;
       }
     }
   }
+  std::printf("rmsnorm: %zu of %zu outputs differ from the CPU's (each within 3 ulp)\n", differing, total);
 }
 
 // RoPE (NEOX), full and partial rotation: cpu::rope_neox's bits.
@@ -826,18 +837,34 @@ CUDA_TEST(CudaOps, DISABLED_Perf) {
   cu::CudaStream s = cuda_env().s;
   const int64_t k = 2560, n = 10240;  // Gemma 4 E4B's FFN up/gate
   DevBuf dx(random_acts(512, k, rng)), dy(size_t(512) * n * 4);
+  {
+    // The ceiling for streaming weights: a device-to-device copy of 1 GiB (read + write).
+    const size_t bytes = size_t(1) << 30;
+    DevBuf a(bytes), b(bytes);
+    const double ms = time_ms([&] { (void)cu::copy_async(b.as(), a.as(), bytes, s); }, 5);
+    std::printf("PERF copy 1 GiB device to device: %8.3f ms  %7.1f GB/s (read + write)\n", ms, 2.0 * bytes / (ms * 1e6));
+  }
   for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16}) {
-    const std::vector<uint8_t> w = random_matrix(t, k, n, rng);
+    const std::vector<uint8_t> w1 = random_matrix(t, k, n, rng);
+    // 8 copies, used in turn, so that the weights come from HBM and not the 50 MB L2.
+    std::vector<uint8_t> w;
+    for (int c = 0; c < 8; ++c) w.insert(w.end(), w1.begin(), w1.end());
     DevBuf dw(w);
     const cu::DevMatrix m = dev_matrix(dw, t, k, n);
     DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m, 512)));
     for (cu::ActMode mode : {cu::ActMode::Q8, cu::ActMode::F32}) {
-      for (int rows : {1, 7, 64, 512}) {
-        const double ms = time_ms([&] { (void)cu::matmul(m, dx.as<float>(), dy.as<float>(), rows, mode, scratch.as(), s); },
-                                  rows >= 64 ? 3 : 10);
+      for (int rows : {1, 2, 4, 8, 9, 16, 64, 65, 512}) {
+        int turn = 0;
+        const double ms = time_ms(
+            [&] {
+              cu::DevMatrix mm = m;
+              mm.data += size_t(turn++ % 8) * w1.size();
+              (void)cu::matmul(mm, dx.as<float>(), dy.as<float>(), rows, mode, scratch.as(), s);
+            },
+            rows >= 64 ? 8 : 16);
         std::printf("PERF matmul %-5s %s %5lldx%-6lld rows %3d: %8.3f ms  %7.1f GB/s weights  %8.1f GFLOP/s\n",
                     quant::type_name(t), mode == cu::ActMode::Q8 ? "q8 " : "f32", (long long)k, (long long)n, rows, ms,
-                    double(w.size()) / (ms * 1e6), 2.0 * k * n * rows / (ms * 1e6));
+                    double(w1.size()) / (ms * 1e6), 2.0 * k * n * rows / (ms * 1e6));
       }
     }
   }
@@ -872,6 +899,8 @@ CUDA_TEST(CudaOps, DISABLED_Perf) {
   DevBuf xn(randn(size_t(512) * 2560, rng));
   const double ms = time_ms([&] { (void)cu::rmsnorm(xn.as<float>(), nullptr, xn.as<float>(), 512, 2560, 1e-6f, s); }, 5);
   std::printf("PERF rmsnorm 512 x 2560: %.3f ms\n", ms);
+  const double ms1 = time_ms([&] { (void)cu::rmsnorm(xn.as<float>(), nullptr, xn.as<float>(), 1, 2560, 1e-6f, s); }, 20);
+  std::printf("PERF rmsnorm 1 x 2560: %.4f ms\n", ms1);
 }
 
 }  // namespace

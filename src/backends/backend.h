@@ -53,6 +53,10 @@ class Exec {
   // Whether every buffer() so far got its memory (a device can run out): the session
   // checks it after reserve and refuses to start otherwise.
   virtual Status reserve_status() const { return Status::ok(); }
+  // How many times a new session should run a throwaway decode step before its first
+  // request, so that nothing is compiled or captured on a request's path (CUDA: the step is
+  // captured into a graph the second time it is seen). 0: none needed.
+  virtual int warm_up_steps() const { return 0; }
 
   // One forward call: n_rows tokens (ids checked by the caller) at positions
   // pos0 .. pos0 + n_rows - 1. The pointer must stay valid until end_step.

@@ -40,6 +40,16 @@ Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionPa
   GEIST_ASSIGN_OR_RETURN(exec, b.create_exec(threads, q.chunk));
   m.arch().reserve(*exec);
   GEIST_RETURN_IF_ERROR(exec->reserve_status());
+  if (const int warm = exec->warm_up_steps(); warm > 0) {
+    // Throwaway decode steps at position 0 (the rows they write lie past n_past and are
+    // overwritten by the first prefill), so that the first request runs like the tenth.
+    std::vector<float> logits(static_cast<size_t>(m.info().n_vocab));
+    const int32_t tok = 0;
+    for (int i = 0; i < warm; ++i) {
+      GEIST_RETURN_IF_ERROR(m.arch().forward(&tok, 1, *cache, *exec, 0, logits.data()));
+      cache->n_past = 0;
+    }
+  }
   return std::unique_ptr<Session>(new Session(m, q, std::move(cache), std::move(exec)));
 }
 

@@ -6,8 +6,12 @@
 // Compiled only with -DGEIST_CUDA=ON (src/CMakeLists.txt); plain C++ over kernels.h, so it
 // needs no CUDA headers.
 #include <algorithm>
+#include <cstdio>
+#include <map>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <type_traits>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -164,13 +168,25 @@ class CudaExec final : public Exec {
     // Fault injection for tests: GEIST_CUDA_INJECT_FAULT=N makes the N-th op (counted from
     // this exec's creation, 1-based) fail as a device error would.
     if (const char *e = std::getenv("GEIST_CUDA_INJECT_FAULT")) inject_at_ = std::strtoll(e, nullptr, 10);
+    // GEIST_PROFILE=1: wait for each op and add its time to a per-op table, printed to
+    // stderr when the exec ends (the waits make the whole run slower; the shares hold).
+    if (const char *e = std::getenv("GEIST_PROFILE")) profile_ = e[0] == '1';
+    // GEIST_CUDA_GRAPHS=0: every op launched on its own (also while profiling or injecting
+    // faults, which count and time single ops).
+    const char *g = std::getenv("GEIST_CUDA_GRAPHS");
+    graphs_ = !(g && g[0] == '0') && !profile_ && inject_at_ == 0;
+    ops_.reserve(2048);
   }
   ~CudaExec() override {
+    print_profile();
     if (!cuda::set_device(device_).is_ok()) return;
     if (stream_) {
       (void)cuda::stream_sync(stream_);
       cuda::stream_destroy(stream_);
     }
+    for (const Graph &g : cache_) cuda::graph_destroy(g.exec);
+    cuda::host_free_pinned(host_step_);
+    for (auto &[slot, h] : host_rope_) cuda::host_free_pinned(h);
     for (auto &b : bufs_) cuda::device_free(b.p);
     cuda::device_free(step_);
     cuda::device_free(scratch_);
@@ -185,7 +201,10 @@ class CudaExec final : public Exec {
     step_tokens_bytes_ = (size_t(max_rows_) * sizeof(int32_t) + 7) / 8 * 8;
     GEIST_RETURN_IF_ERROR(alloc(&step_, step_tokens_bytes_ + sizeof(int64_t), "the step block"));
     if (matmul_scratch_bytes_ > 0) GEIST_RETURN_IF_ERROR(alloc(&scratch_, matmul_scratch_bytes_, "matmul scratch"));
-    host_step_.resize(step_tokens_bytes_ + sizeof(int64_t));
+    // Pinned host staging for what each step uploads (tokens, pos0, the RoPE rows).
+    Result<void *> h = cuda::host_alloc_pinned(step_tokens_bytes_ + sizeof(int64_t));
+    if (!h) return on_device(h.status(), name_, "allocating pinned host memory");
+    host_step_ = static_cast<uint8_t *>(*h);
     return Status::ok();
   }
 
@@ -215,24 +234,36 @@ class CudaExec final : public Exec {
   }
 
   Status reserve_status() const override { return reserve_error_; }
+  int warm_up_steps() const override { return graphs_ ? 2 : 0; }
 
   void begin_step(const int32_t *tokens, int n_rows, int64_t pos0) override {
     error_ = reserve_error_;  // a buffer that never got memory fails every step
     outputs_.clear();
+    ops_.clear();
+    step_hash_ = 0x6a09e667f3bcc908ull;
     n_rows_ = n_rows;
     pos0_ = pos0;
     fail(on_device(cuda::set_device(device_), name_, "selecting the device"));
-    std::memcpy(host_step_.data(), tokens, size_t(n_rows) * sizeof(int32_t));
-    std::memcpy(host_step_.data() + step_tokens_bytes_, &pos0, sizeof pos0);
-    run(cuda::upload_async(step_, host_step_.data(), host_step_.size(), stream_), "uploading the step");
+    std::memcpy(host_step_, tokens, size_t(n_rows) * sizeof(int32_t));
+    std::memcpy(host_step_ + step_tokens_bytes_, &pos0, sizeof pos0);
+    run(cuda::upload_async(step_, host_step_, step_tokens_bytes_ + sizeof(int64_t), stream_), "uploading the step");
   }
 
   Act rope_rows(int slot, const cpu::RopeTable &t) override {
     const Act cs = buffer(slot, t.rot_dim());
-    std::vector<float> &h = host_rope_[slot];
-    h.resize(size_t(n_rows_) * size_t(t.rot_dim()));
-    t.fill(pos0_, n_rows_, h.data());
-    run(cuda::upload_async(cs.p, h.data(), h.size() * sizeof(float), stream_), "uploading RoPE rows");
+    const size_t n = size_t(max_rows_) * size_t(cpu::RopeTable::kMaxRotDim);  // any table fits
+    float *&h = host_rope_[slot];
+    if (h == nullptr) {
+      Result<void *> p = cuda::host_alloc_pinned(n * sizeof(float));
+      if (!p) {
+        fail(on_device(p.status(), name_, "allocating pinned host memory"));
+        return cs;
+      }
+      h = static_cast<float *>(*p);
+    }
+    t.fill(pos0_, n_rows_, h);
+    run(cuda::upload_async(cs.p, h, size_t(n_rows_) * size_t(t.rot_dim()) * sizeof(float), stream_),
+        "uploading RoPE rows");
     return cs;
   }
 
@@ -243,6 +274,8 @@ class CudaExec final : public Exec {
   }
 
   Status end_step() override {
+    if (error_.is_ok()) execute();
+    ops_.clear();
     for (const Output &o : outputs_) {
       if (o.bytes) run(cuda::download_async(o.host, o.dev, o.bytes, stream_), "copying logits to the host");
     }
@@ -256,27 +289,46 @@ class CudaExec final : public Exec {
   }
 
   void embed(const WeightView &table, float scale, Act out) override {
-    run(cuda::embed(dev(table), tokens(), n_rows_, scale, out.p, stream_), "embedding");
+    const cuda::DevMatrix t = dev(table);
+    const int n = n_rows_;
+    const int32_t *ids = tokens();
+    record("embedding", key(1, t.data, t.n_in, n, scale, out.p),
+           [=, s = stream_] { return cuda::embed(t, ids, n, scale, out.p, s); });
   }
   void matmul(const WeightView *const *ws, int n_mat, Act x, const Act *ys, int n_rows) override {
     const cuda::ActMode mode = cpu::activation_mode() == cpu::ActivationMode::F32 ? cuda::ActMode::F32
                                                                                   : cuda::ActMode::Q8;
     for (int m = 0; m < n_mat; ++m) {
-      run(cuda::matmul(dev(*ws[m]), x.p, ys[m].p, n_rows, mode, scratch_, stream_), "matmul");
+      const cuda::DevMatrix w = dev(*ws[m]);
+      float *y = ys[m].p;
+      void *scratch = scratch_;
+      record("matmul", key(2, w.data, w.n_in, w.n_out, int(mode), x.p, y, n_rows),
+             [=, s = stream_] { return cuda::matmul(w, x.p, y, n_rows, mode, scratch, s); });
+      if (profile_) {
+        ops_.back().label = std::string("matmul ") + quant::type_name(w.type) + " " + std::to_string(w.n_in) + "x" +
+                            std::to_string(w.n_out);
+      }
     }
   }
   void rmsnorm(Act x, const WeightView *g, int64_t n_vec, int64_t dim, float eps, Act out) override {
     const float *gp = g ? reinterpret_cast<const float *>(g->device) : nullptr;
-    run(cuda::rmsnorm(x.p, gp, out.p, n_vec, dim, eps, stream_), "rmsnorm");
+    record("rmsnorm", key(3, x.p, gp, n_vec, dim, eps, out.p),
+           [=, s = stream_] { return cuda::rmsnorm(x.p, gp, out.p, n_vec, dim, eps, s); });
   }
   void rope(Act x, int n_rows, int n_heads, int head_dim, int rot_dim, Act cs) override {
-    run(cuda::rope_neox(x.p, n_rows, n_heads, head_dim, rot_dim, cs.p, stream_), "rope");
+    record("rope", key(4, x.p, n_rows, n_heads, head_dim, rot_dim, cs.p),
+           [=, s = stream_] { return cuda::rope_neox(x.p, n_rows, n_heads, head_dim, rot_dim, cs.p, s); });
   }
   void kv_append(KvStore &kv, int l, Act k, Act v, int n_rows) override {
     auto &c = static_cast<CudaKvStore &>(kv);
     const int64_t rf = c.spec(l).row_floats, cap = c.capacity(l);
-    run(cuda::kv_append(c.type_k(), c.k(l), cap, rf, pos0(), n_rows, k.p, stream_), "storing K rows");
-    run(cuda::kv_append(c.type_v(), c.v(l), cap, rf, pos0(), n_rows, v.p, stream_), "storing V rows");
+    const KvType tk = c.type_k(), tv = c.type_v();
+    void *kr = c.k(l), *vr = c.v(l);
+    const int64_t *p0 = pos0();
+    record("storing K rows", key(5, int(tk), kr, cap, rf, n_rows, k.p),
+           [=, s = stream_] { return cuda::kv_append(tk, kr, cap, rf, p0, n_rows, k.p, s); });
+    record("storing V rows", key(5, int(tv), vr, cap, rf, n_rows, v.p),
+           [=, s = stream_] { return cuda::kv_append(tv, vr, cap, rf, p0, n_rows, v.p, s); });
   }
   void attention(const KvStore &kv, int l, Act q, Act out, int n_rows, int n_head, int head_dim, int window,
                  float scale) override {
@@ -296,19 +348,31 @@ class CudaExec final : public Exec {
     a.head_dim = head_dim;
     a.window = window;
     a.scale = scale;
-    run(cuda::attention(a, stream_), "attention");
+    record("attention",
+           key(6, a.q, a.k, a.v, int(a.k_type), int(a.v_type), a.out, n_rows, a.capacity, n_head, a.n_head_kv,
+               head_dim, window, scale),
+           [=, s = stream_] { return cuda::attention(a, s); });
   }
   void gelu_mul(Act gate, Act up, Act out, int64_t n) override {
-    run(cuda::gelu_mul(gate.p, up.p, out.p, n, stream_), "gelu_mul");
+    record("gelu_mul", key(7, gate.p, up.p, out.p, n),
+           [=, s = stream_] { return cuda::gelu_mul(gate.p, up.p, out.p, n, s); });
   }
-  void add(Act x, Act y, int64_t n) override { run(cuda::add_inplace(x.p, y.p, n, stream_), "add"); }
-  void scale(Act x, float s, int64_t n) override { run(cuda::scale_inplace(x.p, s, n, stream_), "scale"); }
-  void add_scale(Act x, Act y, float s, int64_t n) override {
-    run(cuda::add_scale(x.p, y.p, s, n, stream_), "add_scale");
+  void add(Act x, Act y, int64_t n) override {
+    record("add", key(8, x.p, y.p, n), [=, s = stream_] { return cuda::add_inplace(x.p, y.p, n, s); });
   }
-  void softcap(Act x, float cap, int64_t n) override { run(cuda::softcap(x.p, n, cap, stream_), "softcap"); }
+  void scale(Act x, float f, int64_t n) override {
+    record("scale", key(9, x.p, f, n), [=, s = stream_] { return cuda::scale_inplace(x.p, f, n, s); });
+  }
+  void add_scale(Act x, Act y, float f, int64_t n) override {
+    record("add_scale", key(10, x.p, y.p, f, n), [=, s = stream_] { return cuda::add_scale(x.p, y.p, f, n, s); });
+  }
+  void softcap(Act x, float cap, int64_t n) override {
+    record("softcap", key(11, x.p, cap, n), [=, s = stream_] { return cuda::softcap(x.p, n, cap, s); });
+  }
   void copy_cols(Act src, int64_t col0, Act dst, int n_rows) override {
-    run(cuda::copy_cols(src.p, src.width, col0, dst.p, dst.width, n_rows, stream_), "copy_cols");
+    record("copy_cols", key(12, src.p, src.width, col0, dst.p, dst.width, n_rows), [=, s = stream_] {
+      return cuda::copy_cols(src.p, src.width, col0, dst.p, dst.width, n_rows, s);
+    });
   }
 
  private:
@@ -344,10 +408,121 @@ class CudaExec final : public Exec {
     if (error_.is_ok() && !s.is_ok()) error_ = s;
   }
   void run(const Status &s, const char *what) {
-    if (inject_at_ > 0 && ++ops_ == inject_at_) {
+    if (inject_at_ > 0 && ++ops_run_ == inject_at_) {
       fail(on_device(Status(GEIST_E_INTERNAL, "injected fault (GEIST_CUDA_INJECT_FAULT)"), name_, what));
     }
     if (!s.is_ok()) fail(on_device(s, name_, what));
+  }
+
+  // ---- the step's ops: recorded by the forward pass, run at end_step ----
+  // A step is a list of ops whose every argument (device pointers, shapes, scalars) goes
+  // into the step's key; what changes from step to step with the same key (tokens, the
+  // first position, RoPE rows) is in device memory, uploaded before the ops run. A key seen
+  // a second time is captured into a CUDA graph, and later steps with that key replay it:
+  // one launch instead of one per op.
+  struct Op {
+    const char *what;
+    std::string label;  // GEIST_PROFILE's name (matmuls: type and shape)
+    std::function<Status()> f;
+  };
+  static uint64_t mix(uint64_t h, uint64_t v) {
+    v *= 0x9E3779B97F4A7C15ull;
+    v ^= v >> 32;
+    return (h ^ v) * 0x100000001B3ull + 0x632BE59BD9B4E019ull;
+  }
+  static uint64_t word(const void *p) { return uint64_t(reinterpret_cast<uintptr_t>(p)); }
+  static uint64_t word(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+  }
+  template <class I, class = std::enable_if_t<std::is_integral_v<I>>>
+  static uint64_t word(I i) {
+    return uint64_t(int64_t(i));
+  }
+  template <class... A>
+  static uint64_t key(A... a) {
+    uint64_t h = 0xCBF29CE484222325ull;
+    ((h = mix(h, word(a))), ...);
+    return h;
+  }
+  template <class F>
+  void record(const char *what, uint64_t k, F &&f) {
+    if (!error_.is_ok()) return;
+    step_hash_ = mix(step_hash_, k);
+    ops_.push_back({what, std::string(), std::function<Status()>(std::forward<F>(f))});
+  }
+
+  void run_ops() {
+    if (profile_) {
+      (void)cuda::stream_sync(stream_);
+      prof_t_ = now_seconds();
+    }
+    for (const Op &op : ops_) {
+      if (!error_.is_ok()) return;
+      run(op.f(), op.what);
+      if (profile_) {
+        (void)cuda::stream_sync(stream_);
+        const double t = now_seconds();
+        auto &e = prof_[(op.label.empty() ? std::string(op.what) : op.label) + (n_rows_ == 1 ? " (1 row)" : " (n rows)")];
+        e.first += t - prof_t_;
+        e.second += 1;
+        prof_t_ = t;
+      }
+    }
+  }
+
+  void execute() {
+    if (!graphs_) return run_ops();
+    const std::pair<uint64_t, size_t> k{step_hash_, ops_.size()};
+    auto it = std::find_if(cache_.begin(), cache_.end(), [&](const Graph &g) { return g.key == k; });
+    if (it != cache_.end()) {
+      it->last_use = ++clock_;
+      run(cuda::graph_launch(it->exec, stream_), "launching the step's graph");
+      return;
+    }
+    if (std::find(seen_.begin(), seen_.end(), k) == seen_.end()) {
+      // First sighting: run the ops one by one and remember the key.
+      if (seen_.size() >= kMaxSeen) seen_.erase(seen_.begin());
+      seen_.push_back(k);
+      return run_ops();
+    }
+    Status first = cuda::graph_capture_begin(stream_);
+    if (!first.is_ok()) return fail(on_device(first, name_, "capturing the step"));
+    for (const Op &op : ops_) {
+      if (Status r = op.f(); !r.is_ok()) {
+        first = on_device(r, name_, op.what);
+        break;
+      }
+    }
+    Result<cuda::CudaGraph> g = cuda::graph_capture_end(stream_);
+    if (!first.is_ok()) {
+      if (g) cuda::graph_destroy(*g);
+      return fail(first);
+    }
+    if (!g) return fail(on_device(g.status(), name_, "capturing the step"));
+    if (cache_.size() >= kMaxGraphs) {
+      auto lru = std::min_element(cache_.begin(), cache_.end(),
+                                  [](const Graph &a, const Graph &b) { return a.last_use < b.last_use; });
+      cuda::graph_destroy(lru->exec);
+      cache_.erase(lru);
+    }
+    cache_.push_back({k, *g, ++clock_});
+    run(cuda::graph_launch(*g, stream_), "launching the step's graph");
+  }
+
+  void print_profile() const {
+    if (!profile_ || prof_.empty()) return;
+    std::vector<std::pair<std::string, std::pair<double, long>>> v(prof_.begin(), prof_.end());
+    std::sort(v.begin(), v.end(), [](const auto &a, const auto &b) { return a.second.first > b.second.first; });
+    double total = 0;
+    for (const auto &e : v) total += e.second.first;
+    std::fprintf(stderr, "GEIST_PROFILE %s: %.1f ms in ops (each waited for)\n", name_.c_str(), total * 1e3);
+    for (const auto &e : v) {
+      std::fprintf(stderr, "  %-36s %9.2f ms %5.1f %%  %8ld calls  %8.1f us/call\n", e.first.c_str(),
+                   e.second.first * 1e3, 100 * e.second.first / total, e.second.second,
+                   e.second.first * 1e6 / double(e.second.second));
+    }
   }
 
   int device_;
@@ -358,15 +533,30 @@ class CudaExec final : public Exec {
   std::vector<Buf> bufs_;
   void *step_ = nullptr;
   size_t step_tokens_bytes_ = 0;
-  std::vector<uint8_t> host_step_;
-  std::unordered_map<int, std::vector<float>> host_rope_;
+  uint8_t *host_step_ = nullptr;                 // pinned
+  std::unordered_map<int, float *> host_rope_;   // pinned, max_rows x rot_dim each
   void *scratch_ = nullptr;
   std::vector<Output> outputs_;
   int n_rows_ = 0;
   int64_t pos0_ = 0;
   Status error_;
   Status reserve_error_;
-  long long inject_at_ = 0, ops_ = 0;
+  long long inject_at_ = 0, ops_run_ = 0;
+  bool profile_ = false;
+  bool graphs_ = true;
+  std::vector<Op> ops_;  // this step's, in order
+  uint64_t step_hash_ = 0;
+  struct Graph {
+    std::pair<uint64_t, size_t> key;  // (hash of the ops and their arguments, number of ops)
+    cuda::CudaGraph exec;
+    uint64_t last_use;
+  };
+  static constexpr size_t kMaxGraphs = 16, kMaxSeen = 64;
+  std::vector<Graph> cache_;
+  std::vector<std::pair<uint64_t, size_t>> seen_;
+  uint64_t clock_ = 0;
+  double prof_t_ = 0;
+  std::map<std::string, std::pair<double, long>> prof_;  // op -> (seconds, calls)
 };
 
 class CudaBackend final : public Backend {

@@ -84,6 +84,20 @@ void device_free(void *p) {
   if (p) (void)cudaFree(p);
 }
 
+Result<void *> host_alloc_pinned(size_t bytes) {
+  void *p = nullptr;
+  cudaError_t e = cudaMallocHost(&p, bytes == 0 ? 1 : bytes);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return cuda_status(e, ("cudaMallocHost(" + std::to_string(bytes) + " bytes)").c_str());
+  }
+  return p;
+}
+
+void host_free_pinned(void *p) {
+  if (p) (void)cudaFreeHost(p);
+}
+
 Status upload(void *dst, const void *src, size_t bytes) {
   return cuda_status(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "upload");
 }
@@ -113,5 +127,33 @@ void stream_destroy(CudaStream s) {
   if (s) (void)cudaStreamDestroy(s);
 }
 Status stream_sync(CudaStream s) { return cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize"); }
+
+Status graph_capture_begin(CudaStream s) {
+  return cuda_status(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+}
+
+Result<CudaGraph> graph_capture_end(CudaStream s) {
+  cudaGraph_t g = nullptr;
+  cudaError_t e = cudaStreamEndCapture(s, &g);
+  if (e != cudaSuccess) {
+    if (g) (void)cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+    return cuda_status(e, "cudaStreamEndCapture");
+  }
+  cudaGraphExec_t x = nullptr;
+  e = cudaGraphInstantiate(&x, g, 0);
+  (void)cudaGraphDestroy(g);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return cuda_status(e, "cudaGraphInstantiate");
+  }
+  return x;
+}
+
+Status graph_launch(CudaGraph g, CudaStream s) { return cuda_status(cudaGraphLaunch(g, s), "cudaGraphLaunch"); }
+
+void graph_destroy(CudaGraph g) {
+  if (g) (void)cudaGraphExecDestroy(g);
+}
 
 }  // namespace geist::cuda

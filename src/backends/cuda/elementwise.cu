@@ -10,29 +10,33 @@ constexpr unsigned kFull = 0xFFFFFFFFu;
 
 unsigned blocks_for(int64_t n, int per) { return unsigned((n + per - 1) / per); }
 
-// One block per vector. The sum of squares is taken in double in index order, as the CPU
-// loop does (warp 0 loads 32 values at a time and lane 0 adds them one by one), so the
-// scale r has the CPU's bits whatever the rounding of the double sum.
-__global__ void rmsnorm_kernel(const float *x, const float *__restrict__ g, float *out, int64_t dim, float eps) {
+// One block per vector. The sum of squares is taken in double (each square is exact in
+// double) by a fixed tree: per thread in index order, then across the warp, then warp by
+// warp. Only the order of the double additions differs from the CPU's loop, so the scale r
+// is the CPU's except where that changes the rounding of r to float (one ulp, rarely).
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_kernel(const float *x, const float *__restrict__ g, float *out, int64_t dim, float eps) {
+  __shared__ double part[kThreads / 32];
   __shared__ float r_sh;
   const float *xv = x + size_t(blockIdx.x) * dim;
   float *ov = out + size_t(blockIdx.x) * dim;
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    double ss = 0.0;
-    for (int64_t c = 0; c < dim; c += 32) {
-      const float v = c + lane < dim ? xv[c + lane] : 0.0f;
-      const int n = dim - c < 32 ? int(dim - c) : 32;
-      for (int j = 0; j < n; ++j) {
-        const double t = double(__shfl_sync(kFull, v, j));
-        ss = __dadd_rn(ss, __dmul_rn(t, t));
-      }
-    }
-    if (lane == 0) r_sh = float(__ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(__ddiv_rn(ss, double(dim)), double(eps)))));
+  double ss = 0.0;
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
+    const double t = double(xv[i]);
+    ss = __dadd_rn(ss, __dmul_rn(t, t));
+  }
+  for (int o = 16; o >= 1; o /= 2) ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double t = part[0];
+    for (int w = 1; w < kThreads / 32; ++w) t = __dadd_rn(t, part[w]);
+    r_sh = float(__ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(__ddiv_rn(t, double(dim)), double(eps)))));
   }
   __syncthreads();
   const float r = r_sh;
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
+  for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
     const float v = __fmul_rn(xv[i], r);
     ov[i] = g ? __fmul_rn(v, g[i]) : v;
   }
@@ -100,7 +104,11 @@ __global__ void copy_cols_kernel(const float *__restrict__ src, int64_t src_stri
 Status rmsnorm(const float *x, const float *g, float *out, int64_t n_vec, int64_t dim, float eps, CudaStream s) {
   if (n_vec < 0 || dim <= 0 || n_vec > 0x7FFFFFFF) return bad_arg("cuda::rmsnorm: bad shape");
   if (n_vec == 0) return Status::ok();
-  rmsnorm_kernel<<<unsigned(n_vec), 256, 0, s>>>(x, g, out, dim, eps);
+  if (dim <= 512) {
+    rmsnorm_kernel<64><<<unsigned(n_vec), 64, 0, s>>>(x, g, out, dim, eps);
+  } else {
+    rmsnorm_kernel<256><<<unsigned(n_vec), 256, 0, s>>>(x, g, out, dim, eps);
+  }
   return launch_status("cuda::rmsnorm");
 }
 

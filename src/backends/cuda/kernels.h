@@ -26,7 +26,8 @@
 #include "base/status.h"
 #include "quant/ggml_type.h"
 
-struct CUstream_st;  // CUDA's opaque stream (cudaStream_t is CUstream_st *)
+struct CUstream_st;     // CUDA's opaque stream (cudaStream_t is CUstream_st *)
+struct CUgraphExec_st;  // an instantiated CUDA graph (cudaGraphExec_t)
 
 namespace geist::cuda {
 
@@ -59,6 +60,9 @@ std::string describe(const DeviceInfo &d);
 // cudaMalloc / cudaFree. device_free(nullptr) does nothing.
 Result<void *> device_alloc(size_t bytes);
 void device_free(void *p);
+// Page-locked host memory (cudaMallocHost): asynchronous copies from it do not stage.
+Result<void *> host_alloc_pinned(size_t bytes);
+void host_free_pinned(void *p);
 // Synchronous copies (return when the data has arrived).
 Status upload(void *dst_dev, const void *src_host, size_t bytes);
 Status download(void *dst_host, const void *src_dev, size_t bytes);
@@ -76,6 +80,18 @@ void stream_destroy(CudaStream s);
 Status stream_sync(CudaStream s);
 // The pending launch error, if any (cudaGetLastError), named after `what`.
 Status last_error(const char *what);
+
+// ---- graphs -----------------------------------------------------------------------------------
+// Work enqueued on a stream between graph_capture_begin and graph_capture_end is recorded,
+// not run (thread-local capture: other threads' CUDA calls are unaffected), and becomes a
+// graph that graph_launch replays on any stream with the same pointers and arguments.
+using CudaGraph = CUgraphExec_st *;
+Status graph_capture_begin(CudaStream s);
+// Ends the capture and instantiates the graph. On an error the capture is ended anyway (the
+// stream is usable again) and nothing is returned.
+Result<CudaGraph> graph_capture_end(CudaStream s);
+Status graph_launch(CudaGraph g, CudaStream s);
+void graph_destroy(CudaGraph g);
 
 // ---- matmul ---------------------------------------------------------------------------------
 
@@ -120,8 +136,9 @@ Status embed(const DevMatrix &table, const int32_t *ids, int n, float scale, flo
 // ---- row-wise and elementwise ops -----------------------------------------------------------
 
 // out = x / rms(x) * g per vector of dim (eps inside the root); x, out: [n_vec][dim] (out may
-// equal x); g: [dim] or nullptr. Bits: cpu::rmsnorm_to's (the sum of squares is accumulated
-// in double in the CPU's sequential order, by one thread per vector).
+// equal x); g: [dim] or nullptr. The sum of squares is taken in double by a fixed parallel
+// tree, so the scale equals cpu::rmsnorm_to's except where the other order of the double
+// additions changes its rounding to float (then by one ulp; out within a few ulp).
 Status rmsnorm(const float *x, const float *g, float *out, int64_t n_vec, int64_t dim, float eps, CudaStream s);
 
 // Rotary embedding, half-split (NEOX) layout, in place: x [n_rows][n_heads][head_dim];

@@ -11,9 +11,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/matmul_kquant.cuh"
 
 namespace geist::cuda {
 namespace {
@@ -22,6 +24,16 @@ using quant::GgmlType;
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// GEIST_CUDA_REFERENCE=1: the one-warp-per-output reference kernels only (same bits; for
+// measuring the fast kernels against them).
+bool reference_kernels() {
+  static const bool v = [] {
+    const char *e = std::getenv("GEIST_CUDA_REFERENCE");
+    return e != nullptr && e[0] == '1';
+  }();
+  return v;
+}
 
 // Block geometry and activation format of the supported types, as quant/ggml_type.cpp and
 // quant::act_format give them (repeated here so that this library needs no symbol of
@@ -209,6 +221,75 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
+// ---- F32 matrix-vector (1..8 rows) ----------------------------------------------------------
+// dot_f32's 16 chains again, for few rows: a block stages 8 weight rows and the activation
+// rows in shared memory 512 elements at a time (coalesced loads, many in flight), then lane
+// l of each half-warp runs chain l over the staged elements, in order. Same bits as
+// matmul_f32_kernel, whose latency-bound walk starves a small matrix (few outputs).
+
+constexpr int kMvOut = 8;        // outputs per block (a half-warp each)
+constexpr int kMvTk = 512;       // elements staged per step
+constexpr int kMvStride = 528;   // floats per staged weight row (no bank conflicts between halves)
+
+template <GgmlType T, int R>
+__global__ void __launch_bounds__(kMvOut * 16)
+    matvec_f32_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
+                      const float *__restrict__ x, float *__restrict__ y, int n_rows) {
+  __shared__ float ws[kMvOut * kMvStride];
+  __shared__ float xs[R * kMvTk];
+  const int tid = threadIdx.x, o = tid / 16, l = tid % 16;
+  const int64_t n0 = int64_t(blockIdx.x) * kMvOut;
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  for (int64_t k0 = 0; k0 < K; k0 += kMvTk) {
+    const int tk = K - k0 < kMvTk ? int(K - k0) : kMvTk;
+    for (int u = tid; u < kMvOut * kMvTk; u += kMvOut * 16) {
+      const int row = u / kMvTk, c = u % kMvTk;
+      float v = 0.0f;
+      if (n0 + row < n_out && c < tk) v = dev::dequant_elem<T>(w + size_t(n0 + row) * row_bytes, k0 + c);
+      ws[row * kMvStride + c] = v;
+    }
+    for (int u = tid; u < R * kMvTk; u += kMvOut * 16) {
+      const int r = u / kMvTk, c = u % kMvTk;
+      xs[u] = (r < n_rows && c < tk) ? x[size_t(r) * K + k0 + c] : 0.0f;
+    }
+    __syncthreads();
+    for (int c = l; c < tk; c += 16) {
+      const float wv = ws[o * kMvStride + c];
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = __fadd_rn(acc[r], __fmul_rn(wv, xs[r * kMvTk + c]));
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int off = 8; off >= 1; off /= 2) acc[r] = __fadd_rn(acc[r], __shfl_down_sync(kFull, acc[r], off, 16));
+  }
+  if (l == 0 && n0 + o < n_out) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r < n_rows) y[size_t(r) * n_out + n0 + o] = acc[r];
+    }
+  }
+}
+
+template <GgmlType T>
+void launch_matvec_f32(const DevMatrix &w, const float *x, float *y, int n_rows, CudaStream s) {
+  const dim3 grid(unsigned((w.n_out + kMvOut - 1) / kMvOut));
+  const dim3 block(kMvOut * 16);
+  if (n_rows == 1) {
+    matvec_f32_kernel<T, 1><<<grid, block, 0, s>>>(w.data, w.row_bytes, w.n_in, w.n_out, x, y, n_rows);
+  } else if (n_rows == 2) {
+    matvec_f32_kernel<T, 2><<<grid, block, 0, s>>>(w.data, w.row_bytes, w.n_in, w.n_out, x, y, n_rows);
+  } else if (n_rows <= 4) {
+    matvec_f32_kernel<T, 4><<<grid, block, 0, s>>>(w.data, w.row_bytes, w.n_in, w.n_out, x, y, n_rows);
+  } else {
+    matvec_f32_kernel<T, 8><<<grid, block, 0, s>>>(w.data, w.row_bytes, w.n_in, w.n_out, x, y, n_rows);
+  }
+}
+
 // ---- embedding gather ----------------------------------------------------------------------
 
 template <GgmlType T>
@@ -306,7 +387,11 @@ Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode 
   if (mode == ActMode::F32 || tg.act_block == 0) {
     dispatch_all(w.type, [&](auto tag) {
       constexpr GgmlType T = decltype(tag)::value;
-      matmul_f32_kernel<T><<<grid, block, 0, s>>>(w.data, w.row_bytes, K, w.n_out, x, y, n_rows);
+      if (n_rows <= 8 && !reference_kernels()) {
+        launch_matvec_f32<T>(w, x, y, n_rows, s);
+      } else {
+        matmul_f32_kernel<T><<<grid, block, 0, s>>>(w.data, w.row_bytes, K, w.n_out, x, y, n_rows);
+      }
     });
     return launch_status("cuda::matmul (f32)");
   }
@@ -322,6 +407,10 @@ Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode 
     quantize_q8_k_kernel<<<qgrid, 128, 0, s>>>(x, K, n_rows, xq, xd);
   }
   GEIST_RETURN_IF_ERROR(launch_status("cuda::matmul (quantize activations)"));
+  if (kquant_fast_path(w.type) && !reference_kernels()) {
+    matmul_kquant(w, xq, xd, y, n_rows, s);
+    return launch_status("cuda::matmul (k-quant)");
+  }
   dispatch_q8(w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
     matmul_q8_kernel<T><<<grid, block, 0, s>>>(w.data, w.row_bytes, K, w.n_out, xq, xd, y, n_rows);

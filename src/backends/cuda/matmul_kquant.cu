@@ -1,0 +1,519 @@
+// Fast Q8-mode matmul for the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): a matrix-vector
+// kernel for 1-8 activation rows (decode) and an int8 tensor-core kernel for more (prefill).
+//
+// Both give the bits of quant/dot.cpp's dot_unpacked, as the reference kernel of matmul.cu
+// does: per super-block b of 256 elements the integer sums
+//   isum_b = sum_i a_i q_i,   msum_b = sum_i m_i q_i      (a = scale * quant, m = min)
+// are exact whatever order the products are added in, and the f32 part
+//   v_b = (d_w * d_x) * isum_b - (dmin_w * d_x) * msum_b,   sum = ((v_0 + v_1) + v_2) + ...
+// is evaluated operation for operation, in block order, for every output. An output thus
+// depends on its weight row and activation row only: the row count, the kernel chosen for
+// it and the other rows never change its bits (batch invariance).
+//
+// The integer sums are split by sub-block (32 elements for Q4_K/Q5_K, 16 for the others,
+// whose scale and min are constant over it): isum_b = sum_j sc_j * dot_j, msum_b =
+// sum_j mn_j * sum_j(q). The quants of a sub-block are small signed bytes, so dot_j is a
+// run of dp4a (matrix-vector) or one int8 MMA (m16n8k32 or m16n8k16) per tile.
+#include <cuda_runtime.h>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/matmul_kquant.cuh"
+
+namespace geist::cuda {
+namespace {
+
+using quant::GgmlType;
+constexpr unsigned kFull = 0xFFFFFFFFu;
+
+// ---- per-type layout ------------------------------------------------------------------------
+// A super-block is cut into 8 pieces of 32 elements, each a few runs ("segments") of
+// consecutive elements that one lane unpacks from a few contiguous bytes.
+
+template <GgmlType T>
+struct KQ;
+template <>
+struct KQ<GgmlType::Q2_K> {
+  static constexpr int kBytes = 84, kSub = 16, kDOff = 80, kDminOff = 82, kSegs = 4;
+};
+template <>
+struct KQ<GgmlType::Q3_K> {
+  static constexpr int kBytes = 110, kSub = 16, kDOff = 108, kDminOff = -1, kSegs = 4;
+};
+template <>
+struct KQ<GgmlType::Q4_K> {
+  static constexpr int kBytes = 144, kSub = 32, kDOff = 0, kDminOff = 2, kSegs = 2;
+};
+template <>
+struct KQ<GgmlType::Q5_K> {
+  static constexpr int kBytes = 176, kSub = 32, kDOff = 0, kDminOff = 2, kSegs = 2;
+};
+template <>
+struct KQ<GgmlType::Q6_K> {
+  static constexpr int kBytes = 210, kSub = 16, kDOff = 208, kDminOff = -1, kSegs = 4;
+};
+
+// 8 bytes from a 2-byte aligned address (blocks of 84, 110 and 210 bytes are only that).
+__device__ __forceinline__ uint2 ld8_a2(const uint8_t *p) {
+  const auto *h = reinterpret_cast<const uint16_t *>(p);
+  return make_uint2(uint32_t(h[0]) | (uint32_t(h[1]) << 16), uint32_t(h[2]) | (uint32_t(h[3]) << 16));
+}
+
+// First element (within the super-block) of segment i of piece t; every segment has
+// 32 / kSegs elements and lies inside one sub-block.
+template <GgmlType T>
+__device__ __forceinline__ int seg_start(int t, int i) {
+  if constexpr (KQ<T>::kSegs == 2) {
+    return 32 * (2 * (t / 2) + i) + 16 * (t % 2);
+  } else {
+    return 128 * (t / 4) + 32 * i + 8 * (t % 4);
+  }
+}
+
+// The 32 quants of piece t as signed bytes, segment after segment (q[0..7]).
+template <GgmlType T>
+__device__ __forceinline__ void unpack_piece(const uint8_t *b, int t, uint32_t q[8]) {
+  if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+    const uint4 v = *reinterpret_cast<const uint4 *>(b + (T == GgmlType::Q4_K ? 16 : 48) + 16 * t);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      q[i] = w[i] & 0x0F0F0F0Fu;
+      q[4 + i] = (w[i] >> 4) & 0x0F0F0F0Fu;
+    }
+    if constexpr (T == GgmlType::Q5_K) {
+      const uint4 hv = *reinterpret_cast<const uint4 *>(b + 16 + 16 * (t % 2));
+      const uint32_t h[4] = {hv.x, hv.y, hv.z, hv.w};
+      const int s0 = 2 * (t / 2);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        q[i] |= ((h[i] >> s0) & 0x01010101u) << 4;
+        q[4 + i] |= ((h[i] >> (s0 + 1)) & 0x01010101u) << 4;
+      }
+    }
+  } else if constexpr (T == GgmlType::Q6_K) {
+    const int h = t / 4, lq = 8 * (t % 4);
+    const uint2 a = ld8_a2(b + 64 * h + lq), c = ld8_a2(b + 64 * h + 32 + lq), hq = ld8_a2(b + 128 + 32 * h + lq);
+    const uint32_t lo[8] = {a.x & 0x0F0F0F0Fu,        a.y & 0x0F0F0F0Fu,        c.x & 0x0F0F0F0Fu,
+                            c.y & 0x0F0F0F0Fu,        (a.x >> 4) & 0x0F0F0F0Fu, (a.y >> 4) & 0x0F0F0F0Fu,
+                            (c.x >> 4) & 0x0F0F0F0Fu, (c.y >> 4) & 0x0F0F0F0Fu};
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      q[2 * s] = __vsub4(lo[2 * s] | (((hq.x >> (2 * s)) & 0x03030303u) << 4), 0x20202020u);
+      q[2 * s + 1] = __vsub4(lo[2 * s + 1] | (((hq.y >> (2 * s)) & 0x03030303u) << 4), 0x20202020u);
+    }
+  } else if constexpr (T == GgmlType::Q3_K) {
+    const int h = t / 4, lq = 8 * (t % 4);
+    const uint2 qs = ld8_a2(b + 32 + 32 * h + lq), hm = ld8_a2(b + lq);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int hs = 4 * h + s;  // hmask bit of element group i / 32
+      q[2 * s] = __vsub4(((qs.x >> (2 * s)) & 0x03030303u) | (((hm.x >> hs) & 0x01010101u) << 2), 0x04040404u);
+      q[2 * s + 1] = __vsub4(((qs.y >> (2 * s)) & 0x03030303u) | (((hm.y >> hs) & 0x01010101u) << 2), 0x04040404u);
+    }
+  } else if constexpr (T == GgmlType::Q2_K) {
+    const int h = t / 4, lq = 8 * (t % 4);
+    const uint2 qs = ld8_a2(b + 16 + 32 * h + lq);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      q[2 * s] = (qs.x >> (2 * s)) & 0x03030303u;
+      q[2 * s + 1] = (qs.y >> (2 * s)) & 0x03030303u;
+    }
+  }
+}
+
+// Integer scale and min of sub-block j (kSub elements), as quant::unpack_row applies them.
+template <GgmlType T>
+__device__ __forceinline__ void sub_scale(const uint8_t *b, int j, int *sc, int *mn) {
+  if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+    dev::scale_min_k4(b + 4, j, sc, mn);
+  } else if constexpr (T == GgmlType::Q6_K) {
+    *sc = int(int8_t(b[192 + j]));
+    *mn = 0;
+  } else if constexpr (T == GgmlType::Q3_K) {
+    const uint8_t *sp = b + 96;
+    *sc = (((sp[j % 8] >> (4 * (j / 8))) & 0x0F) | (((sp[8 + j % 4] >> (2 * (j / 4))) & 0x03) << 4)) - 32;
+    *mn = 0;
+  } else if constexpr (T == GgmlType::Q2_K) {
+    *sc = b[j] & 0x0F;
+    *mn = b[j] >> 4;
+  }
+}
+
+// dot_unpacked's f32 step for one block.
+template <GgmlType T>
+__device__ __forceinline__ float block_term(float dw, float dmin, float dx, int isum, int msum) {
+  float v = __fmul_rn(__fmul_rn(dw, dx), float(isum));
+  if constexpr (KQ<T>::kDminOff >= 0) v = __fsub_rn(v, __fmul_rn(__fmul_rn(dmin, dx), float(msum)));
+  return v;
+}
+
+// ---- matrix-vector: 1..R activation rows ------------------------------------------------------
+// One warp per output; 8 lanes per super-block (one piece each), 4 super-blocks per step.
+// The 4 terms of a step are added in block order by every lane (broadcast shuffles).
+
+constexpr int kMvWarps = 8;
+
+template <GgmlType T, int R>
+__global__ void __launch_bounds__(kMvWarps * 32)
+    matvec_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
+                  const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y, int n_rows) {
+  using L = KQ<T>;
+  constexpr int kSegBytes = 32 / L::kSegs;
+  const int lane = threadIdx.x % 32, g = lane / 8, t = lane % 8;
+  const int64_t n = int64_t(blockIdx.x) * kMvWarps + threadIdx.x / 32;
+  if (n >= n_out) return;  // whole warps
+  const uint8_t *wrow = w + size_t(n) * row_bytes;
+  const int64_t nb = K / 256;
+  float sum[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) sum[r] = 0.0f;
+  for (int64_t b0 = 0; b0 < nb; b0 += 4) {
+    const int64_t b = b0 + g;
+    const bool live = b < nb;
+    int isum[R], msum[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) isum[r] = msum[r] = 0;
+    float dw = 0.0f, dmin = 0.0f;
+    if (live) {
+      const uint8_t *blk = wrow + b * L::kBytes;
+      uint32_t q[8];
+      unpack_piece<T>(blk, t, q);
+      dw = dev::fp16_to_fp32(*reinterpret_cast<const uint16_t *>(blk + L::kDOff));
+      if constexpr (L::kDminOff >= 0) dmin = dev::fp16_to_fp32(*reinterpret_cast<const uint16_t *>(blk + L::kDminOff));
+#pragma unroll
+      for (int i = 0; i < L::kSegs; ++i) {
+        const int e0 = seg_start<T>(t, i);
+        int sc, mn;
+        sub_scale<T>(blk, e0 / L::kSub, &sc, &mn);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (r >= n_rows) break;
+          const int8_t *xs = xq + size_t(r) * K + b * 256 + e0;
+          int d = 0, sx = 0;
+          if constexpr (kSegBytes == 16) {
+            const int4 xv = *reinterpret_cast<const int4 *>(xs);
+            d = __dp4a(int(q[4 * i]), xv.x, d);
+            d = __dp4a(int(q[4 * i + 1]), xv.y, d);
+            d = __dp4a(int(q[4 * i + 2]), xv.z, d);
+            d = __dp4a(int(q[4 * i + 3]), xv.w, d);
+            if constexpr (L::kDminOff >= 0) {
+              sx = __dp4a(0x01010101, xv.x, __dp4a(0x01010101, xv.y, __dp4a(0x01010101, xv.z, __dp4a(0x01010101, xv.w, 0))));
+            }
+          } else {
+            const int2 xv = *reinterpret_cast<const int2 *>(xs);
+            d = __dp4a(int(q[2 * i]), xv.x, d);
+            d = __dp4a(int(q[2 * i + 1]), xv.y, d);
+            if constexpr (L::kDminOff >= 0) sx = __dp4a(0x01010101, xv.x, __dp4a(0x01010101, xv.y, 0));
+          }
+          isum[r] += sc * d;
+          if constexpr (L::kDminOff >= 0) msum[r] += mn * sx;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int o = 4; o >= 1; o /= 2) {
+        isum[r] += __shfl_xor_sync(kFull, isum[r], o);
+        if constexpr (L::kDminOff >= 0) msum[r] += __shfl_xor_sync(kFull, msum[r], o);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float v = 0.0f;
+      if (live && r < n_rows) v = block_term<T>(dw, dmin, xd[size_t(r) * nb + b], isum[r], msum[r]);
+#pragma unroll
+      for (int gg = 0; gg < 4; ++gg) {
+        const float vg = __shfl_sync(kFull, v, 8 * gg);
+        if (b0 + gg < nb) sum[r] = __fadd_rn(sum[r], vg);
+      }
+    }
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r < n_rows) y[size_t(r) * n_out + n] = sum[r];
+    }
+  }
+}
+
+// ---- matrix-matrix on int8 tensor cores ---------------------------------------------------------
+// A thread block computes a 64 (activation rows) x 64 (outputs) tile, super-block by
+// super-block: the activations' quants and the weights' unpacked quants go to shared
+// memory, each of the 4 warps multiplies a 32 x 32 quarter with int8 MMAs per sub-block
+// and folds sc_j * dot_j into its integer sums, then applies the f32 step of the block.
+// Rows or outputs past the ends are zeros and are not stored.
+
+constexpr int kTile = 64;
+constexpr int kStride = 256 + 16;  // bytes per row of a quant tile: conflict-free fragment loads
+
+__device__ __forceinline__ void mma_k32(const uint32_t a[4], const uint32_t b[2], int c[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%10,%11,%12,%13};\n"
+      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0), "r"(0), "r"(0), "r"(0));
+#else
+  __trap();
+#endif
+}
+
+__device__ __forceinline__ void mma_k16(const uint32_t a[2], uint32_t b, int c[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%8,%9,%10};\n"
+      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(b), "r"(0), "r"(0), "r"(0), "r"(0));
+#else
+  __trap();
+#endif
+}
+
+template <GgmlType T>
+__global__ void __launch_bounds__(128)
+    matmul_mma_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
+                      const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y, int n_rows) {
+  using L = KQ<T>;
+  constexpr int kNSub = 256 / L::kSub;
+  constexpr bool kMin = L::kDminOff >= 0;
+  __shared__ __align__(16) int8_t xs[kTile * kStride];
+  __shared__ __align__(16) int8_t ws[kTile * kStride];
+  __shared__ int wsc[kTile][kNSub];
+  __shared__ int wmn[kMin ? kTile : 1][kNSub];
+  __shared__ int xbs[kMin ? kTile : 1][kNSub];
+  __shared__ float wd[kTile], wdm[kTile], xdd[kTile];
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = warp / 2, wn = warp % 2;  // the warp's quarter: rows wm * 32, outputs wn * 32
+  const int g = lane / 4, tq = lane % 4;
+  const int r0 = blockIdx.y * kTile;
+  const int64_t n0 = int64_t(blockIdx.x) * kTile;
+  const int64_t nb = K / 256;
+
+  float acc[2][4][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+  for (int64_t b = 0; b < nb; ++b) {
+    // Activations: 64 rows x 256 quants, 16 bytes per thread per step.
+    for (int u = tid; u < kTile * 16; u += 128) {
+      const int r = u / 16, c = u % 16;
+      int4 v = make_int4(0, 0, 0, 0);
+      if (r0 + r < n_rows) v = *reinterpret_cast<const int4 *>(xq + size_t(r0 + r) * K + b * 256 + 16 * c);
+      *reinterpret_cast<int4 *>(xs + r * kStride + 16 * c) = v;
+    }
+    if (tid < kTile) xdd[tid] = r0 + tid < n_rows ? xd[size_t(r0 + tid) * nb + b] : 0.0f;
+    // Weights: 64 outputs x 8 pieces.
+    for (int u = tid; u < kTile * 8; u += 128) {
+      const int nn = u / 8, t = u % 8;
+      uint32_t q[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (n0 + nn < n_out) unpack_piece<T>(w + size_t(n0 + nn) * row_bytes + b * L::kBytes, t, q);
+#pragma unroll
+      for (int i = 0; i < L::kSegs; ++i) {
+        uint32_t *dst = reinterpret_cast<uint32_t *>(ws + nn * kStride + seg_start<T>(t, i));
+#pragma unroll
+        for (int k = 0; k < 8 / L::kSegs; ++k) dst[k] = q[i * (8 / L::kSegs) + k];
+      }
+    }
+    if (tid < kTile) {
+      const int nn = tid;
+      float d = 0.0f, dm = 0.0f;
+      if (n0 + nn < n_out) {
+        const uint8_t *blk = w + size_t(n0 + nn) * row_bytes + b * L::kBytes;
+        d = dev::fp16_to_fp32(*reinterpret_cast<const uint16_t *>(blk + L::kDOff));
+        if constexpr (kMin) dm = dev::fp16_to_fp32(*reinterpret_cast<const uint16_t *>(blk + L::kDminOff));
+#pragma unroll
+        for (int j = 0; j < kNSub; ++j) {
+          int sc, mn;
+          sub_scale<T>(blk, j, &sc, &mn);
+          wsc[nn][j] = sc;
+          if constexpr (kMin) wmn[nn][j] = mn;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < kNSub; ++j) {
+          wsc[nn][j] = 0;
+          if constexpr (kMin) wmn[nn][j] = 0;
+        }
+      }
+      wd[nn] = d;
+      wdm[nn] = dm;
+    }
+    __syncthreads();
+    if constexpr (kMin) {
+      // Sums of the activation quants per sub-block (for the mins).
+      for (int u = tid; u < kTile * kNSub; u += 128) {
+        const int r = u / kNSub, j = u % kNSub;
+        const int *p = reinterpret_cast<const int *>(xs + r * kStride + j * L::kSub);
+        int s = 0;
+#pragma unroll
+        for (int k = 0; k < L::kSub / 4; ++k) s = __dp4a(0x01010101, p[k], s);
+        xbs[r][j] = s;
+      }
+    }
+
+    int isum[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) isum[i][j][e] = 0;
+#pragma unroll 2
+    for (int j = 0; j < kNSub; ++j) {
+      const int k0 = j * L::kSub;
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const int8_t *ar = xs + (wm * 32 + mt * 16 + g) * kStride + k0 + 4 * tq;
+        a[mt][0] = *reinterpret_cast<const uint32_t *>(ar);
+        a[mt][1] = *reinterpret_cast<const uint32_t *>(ar + 8 * kStride);
+        if constexpr (L::kSub == 32) {
+          a[mt][2] = *reinterpret_cast<const uint32_t *>(ar + 16);
+          a[mt][3] = *reinterpret_cast<const uint32_t *>(ar + 8 * kStride + 16);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int col = wn * 32 + nt * 8 + g;
+        const int8_t *br = ws + col * kStride + k0 + 4 * tq;
+        uint32_t bf[2];
+        bf[0] = *reinterpret_cast<const uint32_t *>(br);
+        if constexpr (L::kSub == 32) bf[1] = *reinterpret_cast<const uint32_t *>(br + 16);
+        // The scales of the two outputs this thread holds in the tile (columns 2 tq, 2 tq + 1).
+        const int c0 = wn * 32 + nt * 8 + 2 * tq;
+        const int s0 = wsc[c0][j], s1 = wsc[c0 + 1][j];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          int c[4];
+          if constexpr (L::kSub == 32) {
+            mma_k32(a[mt], bf, c);
+          } else {
+            mma_k16(a[mt], bf[0], c);
+          }
+          isum[mt][nt][0] += s0 * c[0];
+          isum[mt][nt][1] += s1 * c[1];
+          isum[mt][nt][2] += s0 * c[2];
+          isum[mt][nt][3] += s1 * c[3];
+        }
+      }
+    }
+    if constexpr (kMin) __syncthreads();  // xbs is complete
+    // The block's f32 step for each held output (msum from the sub-block sums and mins).
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      int xb[2][kMin ? kNSub : 1];
+      const int ra = wm * 32 + mt * 16 + g;
+      if constexpr (kMin) {
+#pragma unroll
+        for (int j = 0; j < kNSub; ++j) {
+          xb[0][j] = xbs[ra][j];
+          xb[1][j] = xbs[ra + 8][j];
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int ca = wn * 32 + nt * 8 + 2 * tq;
+        int ms[4] = {0, 0, 0, 0};
+        if constexpr (kMin) {
+#pragma unroll
+          for (int j = 0; j < kNSub; ++j) {
+            const int m0 = wmn[ca][j], m1 = wmn[ca + 1][j];
+            ms[0] += m0 * xb[0][j];
+            ms[1] += m1 * xb[0][j];
+            ms[2] += m0 * xb[1][j];
+            ms[3] += m1 * xb[1][j];
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = ra + (e >= 2 ? 8 : 0), c = ca + (e & 1);
+          acc[mt][nt][e] = __fadd_rn(acc[mt][nt][e], block_term<T>(wd[c], wdm[c], xdd[r], isum[mt][nt][e], ms[e]));
+        }
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + wm * 32 + mt * 16 + g + (e >= 2 ? 8 : 0);
+        const int64_t c = n0 + wn * 32 + nt * 8 + 2 * tq + (e & 1);
+        if (r < n_rows && c < n_out) y[size_t(r) * n_out + c] = acc[mt][nt][e];
+      }
+    }
+  }
+}
+
+template <class F>
+bool dispatch_kquant(GgmlType t, F &&f) {
+  switch (t) {
+    case GgmlType::Q2_K: f(std::integral_constant<GgmlType, GgmlType::Q2_K>{}); return true;
+    case GgmlType::Q3_K: f(std::integral_constant<GgmlType, GgmlType::Q3_K>{}); return true;
+    case GgmlType::Q4_K: f(std::integral_constant<GgmlType, GgmlType::Q4_K>{}); return true;
+    case GgmlType::Q5_K: f(std::integral_constant<GgmlType, GgmlType::Q5_K>{}); return true;
+    case GgmlType::Q6_K: f(std::integral_constant<GgmlType, GgmlType::Q6_K>{}); return true;
+    default: return false;
+  }
+}
+
+template <GgmlType T, int R>
+void launch_matvec(const DevMatrix &w, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s) {
+  const dim3 grid(unsigned((w.n_out + kMvWarps - 1) / kMvWarps));
+  matvec_kernel<T, R><<<grid, kMvWarps * 32, 0, s>>>(w.data, w.row_bytes, w.n_in, w.n_out, xq, xd, y, n_rows);
+}
+
+}  // namespace
+
+bool kquant_fast_path(quant::GgmlType t) {
+  return t == GgmlType::Q2_K || t == GgmlType::Q3_K || t == GgmlType::Q4_K || t == GgmlType::Q5_K ||
+         t == GgmlType::Q6_K;
+}
+
+int kquant_mma_min_rows() {
+  static const int v = [] {
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      return 1 << 30;
+    }
+    return major >= 8 ? 9 : 1 << 30;  // int8 MMA of these shapes needs sm_80
+  }();
+  return v;
+}
+
+void matmul_kquant(const DevMatrix &w, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s) {
+  dispatch_kquant(w.type, [&](auto tag) {
+    constexpr GgmlType T = decltype(tag)::value;
+    if (n_rows >= kquant_mma_min_rows()) {
+      const dim3 grid(unsigned((w.n_out + kTile - 1) / kTile), unsigned((n_rows + kTile - 1) / kTile));
+      matmul_mma_kernel<T><<<grid, 128, 0, s>>>(w.data, w.row_bytes, w.n_in, w.n_out, xq, xd, y, n_rows);
+      return;
+    }
+    // 1..8 rows per launch (more rows on a device without int8 MMA: blocks of 8).
+    for (int r = 0; r < n_rows; r += 8) {
+      const int nr = n_rows - r < 8 ? n_rows - r : 8;
+      const int8_t *xr = xq + size_t(r) * w.n_in;
+      const float *dr = xd + size_t(r) * (w.n_in / 256);
+      float *yr = y + size_t(r) * w.n_out;
+      if (nr == 1) {
+        launch_matvec<T, 1>(w, xr, dr, yr, nr, s);
+      } else if (nr == 2) {
+        launch_matvec<T, 2>(w, xr, dr, yr, nr, s);
+      } else if (nr <= 4) {
+        launch_matvec<T, 4>(w, xr, dr, yr, nr, s);
+      } else {
+        launch_matvec<T, 8>(w, xr, dr, yr, nr, s);
+      }
+    }
+  });
+}
+
+}  // namespace geist::cuda

@@ -1,0 +1,16 @@
+// The fast Q8-mode matmul of the K-quants (matmul_kquant.cu), called by cuda::matmul once
+// the activations are quantized (Q8_K: xq [n_rows][K] int8, xd [n_rows][K / 256]).
+#pragma once
+
+#include <cstdint>
+
+#include "backends/cuda/kernels.h"
+
+namespace geist::cuda {
+
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
+bool kquant_fast_path(quant::GgmlType t);
+// y = W x with dot_unpacked's bits; enqueues on s (launch errors: cudaGetLastError).
+void matmul_kquant(const DevMatrix &w, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s);
+
+}  // namespace geist::cuda
