@@ -676,7 +676,8 @@ struct AttnResult {
 
 // Builds the rings (every visible position written through kv_append in chunks), runs the
 // device attention and the CPU generic attention over the dequantized rings.
-inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk = 0) {
+// split: the fast path (scratch given); else the reference kernel.
+inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk = 0, bool split = true) {
   ThreadPool pool(8);
   cu::CudaStream s = cuda_env().s;
   const int64_t row = int64_t(c.n_head_kv) * c.head_dim;
@@ -716,6 +717,7 @@ inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk 
   cpu::attention_on_tier(cpu::Isa::Generic, a, pool);
 
   DevBuf dq(q), dout(q.size() * 4);
+  DevBuf scratch(cu::attention_scratch_bytes(c.n_head, c.head_dim));
   const int step = chunk > 0 ? chunk : c.n_rows;
   std::vector<int64_t> pos;
   for (int r0 = 0; r0 < c.n_rows; r0 += step) pos.push_back(c.pos0 + r0);
@@ -736,6 +738,7 @@ inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk 
     g.head_dim = c.head_dim;
     g.window = c.window;
     g.scale = scale;
+    g.scratch = split ? scratch.as() : nullptr;
     ok(cu::attention(g, s));
   }
   res.got = dout.get<float>(q.size());
@@ -753,10 +756,14 @@ inline std::string describe(const AttnCase &c) {
 // Attention against the CPU generic path over the same (dequantized) keys and values. Scores
 // are bit-exact (the CPU's 16-lane dot); exp is evaluated in double and rounded once where the
 // CPU calls expf (each within about half an ulp of the true value, so they can differ by one
-// ulp), and the double sum of the exps is taken in another order. Every weight w_j therefore
-// carries a relative error of a few 2^-24 and the output sum_j w_j v_j, accumulated in the
-// same order on both, differs by at most ~4 * 2^-24 * sum_j w_j |v_j| <= 2.4e-7 max|v|:
-// tolerance 1e-6 * max|v|.
+// ulp). Reference kernel: the double sum of the exps is taken in another order, so every
+// weight w_j carries a relative error of a few 2^-24 and the output sum_j w_j v_j,
+// accumulated in the same order on both, differs by at most ~4 * 2^-24 * sum_j w_j |v_j|
+// <= 2.4e-7 max|v|: tolerance 1e-6 * max|v|. Split kernel (the fast path): the weights are
+// exp(s_j - m_c) * exp(m_c - M) / L with a few more roundings, and sum_j w_j v_j is grouped
+// by 64-key chunk and 8 splits instead of one run over the keys; the CPU's own run of n
+// float additions is accurate to n 2^-24 sum_j w_j |v_j| only, so the two differ by up to
+// (n + 64 + 8 + 16) 2^-24 max|v| (n: the keys a query sees): that is the tolerance.
 CUDA_TEST(CudaOps, AttentionMatchesCpuGeneric) {
   REQUIRE_CUDA();
   std::mt19937 rng(31);
@@ -784,15 +791,21 @@ CUDA_TEST(CudaOps, AttentionMatchesCpuGeneric) {
   size_t n_exact_cases = 0;
   for (const AttnCase &c : cases) {
     SCOPED_TRACE(describe(c));
-    const AttnResult r = run_attention(c, rng);
-    st.add(r.got.data(), r.want.data(), r.got.size());
-    n_exact_cases += std::memcmp(r.got.data(), r.want.data(), r.got.size() * 4) == 0;
-    const double tol = 1e-6 * r.max_abs_v;
-    double worst = 0;
-    for (size_t i = 0; i < r.got.size(); ++i) worst = std::max(worst, std::fabs(double(r.got[i]) - r.want[i]));
-    ASSERT_LE(worst, tol);
+    for (bool split : {false, true}) {
+      std::mt19937 r2 = rng;  // the same rings and queries for both kernels
+      const AttnResult r = run_attention(c, r2, 0, split);
+      st.add(r.got.data(), r.want.data(), r.got.size());
+      n_exact_cases += !split && std::memcmp(r.got.data(), r.want.data(), r.got.size() * 4) == 0;
+      const int64_t keys = c.window > 0 ? std::min<int64_t>(c.window, c.pos0 + c.n_rows) : c.pos0 + c.n_rows;
+      const double tol = split ? double(keys + 88) * std::ldexp(1.0, -24) * r.max_abs_v : 1e-6 * r.max_abs_v;
+      double worst = 0;
+      for (size_t i = 0; i < r.got.size(); ++i) worst = std::max(worst, std::fabs(double(r.got[i]) - r.want[i]));
+      ASSERT_LE(worst, tol) << (split ? "split kernel" : "reference kernel");
+      if (split) rng = r2;
+    }
   }
-  std::printf("attention: %zu of %zu cases bit-exact against the CPU generic path\n", n_exact_cases, cases.size());
+  std::printf("attention (reference kernel): %zu of %zu cases bit-exact against the CPU generic path\n", n_exact_cases,
+              cases.size());
 }
 
 // Batch invariance of attention on the device: the same queries in one call and in chunks of
@@ -868,32 +881,40 @@ CUDA_TEST(CudaOps, DISABLED_Perf) {
       }
     }
   }
-  for (KvType t : {KvType::F32, KvType::Q8_0}) {
-    for (int rows : {1, 64, 512}) {
-      AttnCase c{rows, 8, 2, 256, 0, 4096, 4096 + 512, t, t};
-      std::mt19937 r2(4);
-      // Reuses run_attention's setup once for the rings; times the device call alone.
-      const int64_t row = int64_t(c.n_head_kv) * c.head_dim;
-      DevBuf dk(c.capacity * kv_row_bytes(t, row)), dv(c.capacity * kv_row_bytes(t, row));
-      DevBuf kf(randn(size_t(c.capacity) * row, r2)), dq(randn(size_t(rows) * c.n_head * c.head_dim, r2));
-      DevBuf dout(size_t(rows) * c.n_head * c.head_dim * 4), dp(std::vector<int64_t>{0}), dp0(std::vector<int64_t>{c.pos0});
-      CU_OK(cu::kv_append(t, dk.as(), c.capacity, row, dp.as<int64_t>(), int(c.capacity), kf.as<float>(), s));
-      CU_OK(cu::kv_append(t, dv.as(), c.capacity, row, dp.as<int64_t>(), int(c.capacity), kf.as<float>(), s));
-      cu::AttnArgs g;
-      g.q = dq.as<float>();
-      g.k = dk.as();
-      g.v = dv.as();
-      g.k_type = g.v_type = t;
-      g.out = dout.as<float>();
-      g.n_rows = rows;
-      g.pos0 = dp0.as<int64_t>();
-      g.capacity = c.capacity;
-      g.n_head = c.n_head;
-      g.n_head_kv = c.n_head_kv;
-      g.head_dim = c.head_dim;
-      g.scale = 0.0625f;
-      const double ms = time_ms([&] { (void)cu::attention(g, s); }, 3);
-      std::printf("PERF attention %-4s rows %3d at 4096 cached, 8/2 heads, hd 256: %8.3f ms\n", kv_type_name(t), rows, ms);
+  for (KvType t : {KvType::F32, KvType::F16, KvType::Q8_0}) {
+    for (int64_t cached : {600, 4096}) {
+      for (int rows : {1, 64, 512}) {
+        AttnCase c{rows, 8, 2, 256, 0, cached, cached + 512, t, t};
+        std::mt19937 r2(4);
+        const int64_t row = int64_t(c.n_head_kv) * c.head_dim;
+        DevBuf dk(c.capacity * kv_row_bytes(t, row)), dv(c.capacity * kv_row_bytes(t, row));
+        DevBuf kf(randn(size_t(c.capacity) * row, r2)), dq(randn(size_t(rows) * c.n_head * c.head_dim, r2));
+        DevBuf dout(size_t(rows) * c.n_head * c.head_dim * 4), dp(std::vector<int64_t>{0}),
+            dp0(std::vector<int64_t>{c.pos0});
+        DevBuf scratch(cu::attention_scratch_bytes(c.n_head, c.head_dim));
+        CU_OK(cu::kv_append(t, dk.as(), c.capacity, row, dp.as<int64_t>(), int(c.capacity), kf.as<float>(), s));
+        CU_OK(cu::kv_append(t, dv.as(), c.capacity, row, dp.as<int64_t>(), int(c.capacity), kf.as<float>(), s));
+        cu::AttnArgs g;
+        g.q = dq.as<float>();
+        g.k = dk.as();
+        g.v = dv.as();
+        g.k_type = g.v_type = t;
+        g.out = dout.as<float>();
+        g.n_rows = rows;
+        g.pos0 = dp0.as<int64_t>();
+        g.capacity = c.capacity;
+        g.n_head = c.n_head;
+        g.n_head_kv = c.n_head_kv;
+        g.head_dim = c.head_dim;
+        g.scale = 0.0625f;
+        double ms[2];
+        for (int split = 0; split < 2; ++split) {
+          g.scratch = split ? scratch.as() : nullptr;
+          ms[split] = time_ms([&] { (void)cu::attention(g, s); }, 3);
+        }
+        std::printf("PERF attention %-4s rows %3d at %4lld cached, 8/2 heads, hd 256: split %8.3f ms, reference %8.3f ms\n",
+                    kv_type_name(t), rows, (long long)cached, ms[1], ms[0]);
+      }
     }
   }
   DevBuf xn(randn(size_t(512) * 2560, rng));

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -266,6 +267,9 @@ struct Child {
   Mode mode;
   pid_t pid = -1;
   int cmd_fd = -1, reply_fd = -1;
+  // A device backend's state (a CUDA context) does not survive fork(): its modes run in
+  // this process instead, one worker object each (peak RSS is then the whole process's).
+  std::shared_ptr<Worker> local;
 };
 
 // Forks a worker for `mode`. The child closes every fd in *open_fds (other children's
@@ -306,7 +310,9 @@ bool spawn_worker(Mode mode, const api::Model &m, const Workload &w, const geist
 
 // Sends a command and waits for the reply; false after printing an error.
 bool call(const Child &c, Cmd cmd, Msg *reply) {
-  if (!write_all(c.cmd_fd, &cmd, sizeof cmd) || !recv_msg(c.reply_fd, reply)) {
+  if (c.local) {
+    *reply = c.local->handle(cmd);
+  } else if (!write_all(c.cmd_fd, &cmd, sizeof cmd) || !recv_msg(c.reply_fd, reply)) {
     int status = 0;
     std::string how = "ended";
     if (waitpid(c.pid, &status, 0) == c.pid) {
@@ -330,6 +336,7 @@ bool malformed(const Child &c) {
 }
 
 void stop_workers(std::vector<Child> &children) {
+  for (Child &c : children) c.local.reset();
   for (Child &c : children) {
     if (c.cmd_fd >= 0) close(c.cmd_fd);
     if (c.reply_fd >= 0) close(c.reply_fd);
@@ -574,8 +581,20 @@ int run(const PinnedOptions &o) {
   signal(SIGPIPE, SIG_IGN);     // a worker that dies is reported, not fatal to the parent
   std::vector<Child> children;
   std::vector<int> open_fds;
+  const bool in_process = o.c.dev.backend != "cpu";
+  if (in_process) {
+    std::printf("note: the %s backend's modes run in this process (a device context does not survive fork): "
+                "the peak RSS column is the whole process's\n",
+                o.c.dev.backend.c_str());
+  }
   for (Mode id : mode_ids) {
     Child c;
+    if (in_process) {
+      c.mode = id;
+      c.local = std::make_shared<Worker>(model, id, w, sp, o.gen);
+      children.push_back(c);
+      continue;
+    }
     if (!spawn_worker(id, model, w, sp, o.gen, &open_fds, &c)) {
       std::fprintf(stderr, "geist: error: cannot start a worker process: %s\n",
                    std::strerror(errno));

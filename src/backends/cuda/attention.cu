@@ -194,6 +194,124 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnParams a) {
   }
 }
 
+// ---- split attention (the fast path) -----------------------------------------------------------
+// Keys are cut into chunks of kChunk absolute positions ([64 c, 64 c + 64)); split s of
+// kSplits takes chunks c = s (mod kSplits), each block one (split, head, query): scores,
+// then an online softmax over its chunks in order (max, rescale, exp, sum, weighted V in key
+// order). A merge kernel then combines the kSplits partials in split order. Everything a
+// query's output depends on (its position, its window, the chunk grid, the split count) is
+// fixed by the query alone, so the output is the same whatever the batch (batch invariant);
+// it is not the CPU's three-pass softmax bit for bit (see the test's tolerance).
+
+constexpr int kChunk = 64;
+constexpr int kSplits = 8;
+constexpr int kRowGroup = 64;  // queries per launch pair (bounds the partials' scratch)
+
+template <KvType KT, KvType VT>
+__global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnParams a, int row0, float *__restrict__ part) {
+  __shared__ float qs[kMaxHeadDim];
+  __shared__ float sc[kChunk];
+  __shared__ float red_f[kThreads / 32];
+  const int s = blockIdx.x, h = blockIdx.y, rr = blockIdx.z, r = row0 + rr;
+  const int g = h / a.group;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t p = *a.pos0 + r;
+  const int64_t j0 = a.window > 0 ? (p - a.window + 1 > 0 ? p - a.window + 1 : int64_t(0)) : 0;
+  const int64_t c_lo = j0 / kChunk, c_hi = p / kChunk;
+  const float *q = a.q + (size_t(r) * a.n_head + h) * a.head_dim;
+  for (int i = tid; i < a.head_dim; i += kThreads) qs[i] = q[i];
+  float m = -INFINITY, l = 0.0f;
+  float o[kDimsPerThread];
+#pragma unroll
+  for (int i = 0; i < kDimsPerThread; ++i) o[i] = 0.0f;
+  const int64_t e0 = int64_t(g) * a.head_dim;
+  int64_t c = c_lo + ((s - c_lo % kSplits) % kSplits + kSplits) % kSplits;  // first chunk >= c_lo with c % kSplits == s
+  __syncthreads();
+  for (; c <= c_hi; c += kSplits) {
+    const int64_t ka = c * kChunk > j0 ? c * kChunk : j0;
+    const int64_t kb = c * kChunk + kChunk - 1 < p ? c * kChunk + kChunk - 1 : p;
+    const int len = int(kb - ka + 1);
+    tile_scores<KT>(a, qs, ka, 0, len, g, sc);
+    __syncthreads();
+    // The chunk's maximum (NaN ignored), then the running one.
+    float mc = -INFINITY;
+    for (int j = tid; j < len; j += kThreads) mc = fmaxf(mc, sc[j]);
+    for (int off = 16; off >= 1; off /= 2) mc = fmaxf(mc, __shfl_xor_sync(kFull, mc, off));
+    if (lane == 0) red_f[warp] = mc;
+    __syncthreads();
+    mc = red_f[0];
+    for (int w = 1; w < kThreads / 32; ++w) mc = fmaxf(mc, red_f[w]);
+    const float mn = fmaxf(m, mc);
+    const float alpha = m == -INFINITY ? 0.0f : exp_f(__fsub_rn(m, mn));
+    __syncthreads();  // everyone has read red_f
+    // e_j = exp(s_j - mn), their sum in a fixed order (thread-strided, then the tree).
+    float ls = 0.0f;
+    for (int j = tid; j < len; j += kThreads) {
+      const float e = mn == -INFINITY ? 0.0f : exp_f(__fsub_rn(sc[j], mn));
+      sc[j] = e;
+      ls = __fadd_rn(ls, e);
+    }
+    for (int off = 16; off >= 1; off /= 2) ls = __fadd_rn(ls, __shfl_xor_sync(kFull, ls, off));
+    if (lane == 0) red_f[warp] = ls;
+    __syncthreads();
+    ls = red_f[0];
+    for (int w = 1; w < kThreads / 32; ++w) ls = __fadd_rn(ls, red_f[w]);
+    l = __fadd_rn(__fmul_rn(l, alpha), ls);
+    // o = o * alpha + sum_j e_j v_j, keys in order.
+#pragma unroll
+    for (int i = 0; i < kDimsPerThread; ++i) o[i] = __fmul_rn(o[i], alpha);
+#pragma unroll 4
+    for (int j = 0; j < len; ++j) {
+      const uint8_t *row = a.v + size_t((ka + j) % a.capacity) * a.v_row_bytes;
+      const float w = sc[j];
+#pragma unroll
+      for (int i = 0; i < kDimsPerThread; ++i) {
+        const int d = tid + kThreads * i;
+        if (d < a.head_dim) o[i] = __fadd_rn(o[i], __fmul_rn(w, kv_elem<VT>(row, e0 + d)));
+      }
+    }
+    m = mn;
+    __syncthreads();  // sc and red_f are reused by the next chunk
+  }
+  float *pp = part + ((size_t(rr) * a.n_head + h) * kSplits + s) * size_t(a.head_dim + 2);
+  if (tid == 0) {
+    pp[0] = m;
+    pp[1] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < kDimsPerThread; ++i) {
+    const int d = tid + kThreads * i;
+    if (d < a.head_dim) pp[2 + d] = o[i];
+  }
+}
+
+// out = (sum_s f_s o_s) * (1 / sum_s f_s l_s), f_s = exp(m_s - M), splits in order.
+__global__ void __launch_bounds__(kThreads) attention_merge_kernel(AttnParams a, int row0, const float *__restrict__ part) {
+  const int h = blockIdx.x, rr = blockIdx.y;
+  const float *pp = part + (size_t(rr) * a.n_head + h) * kSplits * size_t(a.head_dim + 2);
+  const size_t st = size_t(a.head_dim + 2);
+  float M = -INFINITY;
+  for (int s = 0; s < kSplits; ++s) M = fmaxf(M, pp[s * st]);
+  float f[kSplits];
+  float L = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kSplits; ++s) {
+    const float ms = pp[s * st];
+    f[s] = ms == -INFINITY ? 0.0f : exp_f(__fsub_rn(ms, M));
+    L = __fadd_rn(L, __fmul_rn(f[s], pp[s * st + 1]));
+  }
+  const float inv = __fdiv_rn(1.0f, L);
+  float *out = a.out + (size_t(row0 + rr) * a.n_head + h) * a.head_dim;
+  for (int d = threadIdx.x; d < a.head_dim; d += kThreads) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kSplits; ++s) {
+      if (f[s] != 0.0f) acc = __fadd_rn(acc, __fmul_rn(f[s], pp[s * st + 2 + d]));
+    }
+    out[d] = __fmul_rn(acc, inv);
+  }
+}
+
 template <class F>
 bool dispatch_kv(KvType t, F &&f) {
   switch (t) {
@@ -293,6 +411,10 @@ Status kv_write_positions(KvType t, void *ring, int64_t capacity, int64_t row_el
   });
 }
 
+size_t attention_scratch_bytes(int n_head, int head_dim) {
+  return size_t(kRowGroup) * size_t(n_head) * kSplits * size_t(head_dim + 2) * sizeof(float);
+}
+
 Status attention(const AttnArgs &a, CudaStream s) {
   if (!kv_type_ok(a.k_type) || !kv_type_ok(a.v_type)) return bad_arg("cuda::attention: unknown KV type");
   if (a.n_rows < 0 || a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.head_dim <= 0 ||
@@ -318,13 +440,28 @@ Status attention(const AttnArgs &a, CudaStream s) {
   p.head_dim = a.head_dim;
   p.window = a.window;
   p.scale = a.scale;
-  const dim3 grid(unsigned(a.n_head), unsigned(a.n_rows));
-  dispatch_kv(a.k_type, [&](auto tag_k) {
-    dispatch_kv(a.v_type, [&](auto tag_v) {
-      constexpr KvType KT = decltype(tag_k)::value, VT = decltype(tag_v)::value;
-      attention_kernel<KT, VT><<<grid, kThreads, 0, s>>>(p);
+  if (a.scratch == nullptr || reference_kernels()) {
+    const dim3 grid(unsigned(a.n_head), unsigned(a.n_rows));
+    dispatch_kv(a.k_type, [&](auto tag_k) {
+      dispatch_kv(a.v_type, [&](auto tag_v) {
+        constexpr KvType KT = decltype(tag_k)::value, VT = decltype(tag_v)::value;
+        attention_kernel<KT, VT><<<grid, kThreads, 0, s>>>(p);
+      });
     });
-  });
+    return launch_status("cuda::attention");
+  }
+  auto *part = static_cast<float *>(a.scratch);
+  for (int row0 = 0; row0 < a.n_rows; row0 += kRowGroup) {
+    const int nr = a.n_rows - row0 < kRowGroup ? a.n_rows - row0 : kRowGroup;
+    const dim3 grid(unsigned(kSplits), unsigned(a.n_head), unsigned(nr));
+    dispatch_kv(a.k_type, [&](auto tag_k) {
+      dispatch_kv(a.v_type, [&](auto tag_v) {
+        constexpr KvType KT = decltype(tag_k)::value, VT = decltype(tag_v)::value;
+        attention_split_kernel<KT, VT><<<grid, kThreads, 0, s>>>(p, row0, part);
+      });
+    });
+    attention_merge_kernel<<<dim3(unsigned(a.n_head), unsigned(nr)), kThreads, 0, s>>>(p, row0, part);
+  }
   return launch_status("cuda::attention");
 }
 

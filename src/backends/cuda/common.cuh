@@ -19,6 +19,9 @@ Status cuda_status(cudaError_t e, const char *what);
 // The launch error after a kernel launch, else OK.
 inline Status launch_status(const char *what) { return cuda_status(cudaGetLastError(), what); }
 inline Status bad_arg(const std::string &msg) { return Status(GEIST_E_INVALID_ARGUMENT, msg); }
+// GEIST_CUDA_REFERENCE=1: the simple reference kernels only (one warp per matmul output,
+// one block per attention query and head), to measure the fast ones against.
+bool reference_kernels();
 
 namespace dev {
 

@@ -190,6 +190,8 @@ class CudaExec final : public Exec {
     for (auto &b : bufs_) cuda::device_free(b.p);
     cuda::device_free(step_);
     cuda::device_free(scratch_);
+    cuda::device_free(attn_scratch_);
+    for (void *p : retired_) cuda::device_free(p);
   }
 
   Status init() {
@@ -276,6 +278,11 @@ class CudaExec final : public Exec {
   Status end_step() override {
     if (error_.is_ok()) execute();
     ops_.clear();
+    if (!retired_.empty()) {
+      (void)cuda::stream_sync(stream_);
+      for (void *p : retired_) cuda::device_free(p);
+      retired_.clear();
+    }
     for (const Output &o : outputs_) {
       if (o.bytes) run(cuda::download_async(o.host, o.dev, o.bytes, stream_), "copying logits to the host");
     }
@@ -348,9 +355,21 @@ class CudaExec final : public Exec {
     a.head_dim = head_dim;
     a.window = window;
     a.scale = scale;
+    // The split kernel's scratch: sized by the largest (heads, head dim) seen, which the
+    // warm-up step at session creation reaches. A smaller one already recorded into this
+    // step stays allocated until the step ends.
+    const size_t need = cuda::attention_scratch_bytes(n_head, head_dim);
+    if (attn_scratch_bytes_ < need) {
+      void *p = nullptr;
+      if (Status st = alloc(&p, need, "attention scratch"); !st.is_ok()) return fail(st);
+      retired_.push_back(attn_scratch_);
+      attn_scratch_ = p;
+      attn_scratch_bytes_ = need;
+    }
+    a.scratch = attn_scratch_;
     record("attention",
            key(6, a.q, a.k, a.v, int(a.k_type), int(a.v_type), a.out, n_rows, a.capacity, n_head, a.n_head_kv,
-               head_dim, window, scale),
+               head_dim, window, scale, a.scratch),
            [=, s = stream_] { return cuda::attention(a, s); });
   }
   void gelu_mul(Act gate, Act up, Act out, int64_t n) override {
@@ -536,6 +555,9 @@ class CudaExec final : public Exec {
   uint8_t *host_step_ = nullptr;                 // pinned
   std::unordered_map<int, float *> host_rope_;   // pinned, max_rows x rot_dim each
   void *scratch_ = nullptr;
+  void *attn_scratch_ = nullptr;
+  size_t attn_scratch_bytes_ = 0;
+  std::vector<void *> retired_;  // scratch replaced during a step, freed at its end
   std::vector<Output> outputs_;
   int n_rows_ = 0;
   int64_t pos0_ = 0;

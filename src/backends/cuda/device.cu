@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "backends/cuda/common.cuh"
@@ -127,6 +128,14 @@ void stream_destroy(CudaStream s) {
   if (s) (void)cudaStreamDestroy(s);
 }
 Status stream_sync(CudaStream s) { return cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize"); }
+
+bool reference_kernels() {
+  static const bool v = [] {
+    const char *e = std::getenv("GEIST_CUDA_REFERENCE");
+    return e != nullptr && e[0] == '1';
+  }();
+  return v;
+}
 
 Status graph_capture_begin(CudaStream s) {
   return cuda_status(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");

@@ -199,8 +199,16 @@ struct AttnArgs {
   int n_head = 0, n_head_kv = 0, head_dim = 0;  // n_head % n_head_kv == 0; head_dim <= 512
   int window = 0;             // keys [max(0, p - window + 1), p] visible; 0 = [0, p]
   float scale = 1.0f;
+  void *scratch = nullptr;    // attention_scratch_bytes(n_head, head_dim) bytes: the split kernel
 };
-// One thread block per (query, head); the exact softmax of the CPU generic path (scores by
+// Device scratch the split kernel needs (any n_rows: queries go 64 at a time).
+size_t attention_scratch_bytes(int n_head, int head_dim);
+// With scratch (the fast path): keys in chunks of 64 absolute positions, 8 splits taking
+// every 8th chunk with an online softmax each, merged in split order; scores by the CPU's
+// 16-lane dot. A query's output depends on the query alone (batch invariant) but is not the
+// CPU's bit for bit: the V sums are grouped by chunk (relative error ~ (keys + 600) 2^-24).
+// Without scratch, or with GEIST_CUDA_REFERENCE=1, the reference kernel:
+// one thread block per (query, head); the exact softmax of the CPU generic path (scores by
 // its 16-lane dot, bit-exact; max; exp; sum in double; weighted sum of V in key order per
 // dimension). Differs from the CPU only where exp (double, rounded once, vs libm's expf) or
 // the double sum's order change the last bit: relative error ~1e-6. Keys in tiles of 2048,

@@ -25,15 +25,6 @@ constexpr unsigned kFull = 0xFFFFFFFFu;
 
 size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-// GEIST_CUDA_REFERENCE=1: the one-warp-per-output reference kernels only (same bits; for
-// measuring the fast kernels against them).
-bool reference_kernels() {
-  static const bool v = [] {
-    const char *e = std::getenv("GEIST_CUDA_REFERENCE");
-    return e != nullptr && e[0] == '1';
-  }();
-  return v;
-}
 
 // Block geometry and activation format of the supported types, as quant/ggml_type.cpp and
 // quant::act_format give them (repeated here so that this library needs no symbol of
@@ -231,12 +222,57 @@ constexpr int kMvOut = 8;        // outputs per block (a half-warp each)
 constexpr int kMvTk = 512;       // elements staged per step
 constexpr int kMvStride = 528;   // floats per staged weight row (no bank conflicts between halves)
 
+// Float weights whose rows are 16-byte aligned are staged with 16-byte loads, all issued
+// before any is used (the per-element loop below waits on each load in turn).
+template <GgmlType T>
+constexpr bool kFloatType = T == GgmlType::F32 || T == GgmlType::F16 || T == GgmlType::BF16;
+
+template <GgmlType T>
+__device__ __forceinline__ float elem_of(uint32_t word, int half) {
+  if constexpr (T == GgmlType::BF16) {
+    return dev::bf16_to_fp32(half ? word >> 16 : word & 0xFFFFu);
+  } else {
+    return dev::fp16_to_fp32(half ? word >> 16 : word & 0xFFFFu);
+  }
+}
+
+template <GgmlType T>
+__device__ __forceinline__ void stage_weights_vec(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n0,
+                                                  int64_t n_out, int64_t k0, int tk, float *ws) {
+  constexpr int kElem = T == GgmlType::F32 ? 4 : 2, kPer = 16 / kElem;  // elements per load
+  constexpr int kLoads = kMvOut * kMvTk / kPer / (kMvOut * 16);       // per thread
+  uint4 buf[kLoads];
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    const int u = threadIdx.x + kMvOut * 16 * i, row = u / (kMvTk / kPer), c = (u % (kMvTk / kPer)) * kPer;
+    buf[i] = make_uint4(0, 0, 0, 0);
+    if (n0 + row < n_out && c < tk) {
+      buf[i] = *reinterpret_cast<const uint4 *>(w + size_t(n0 + row) * row_bytes + size_t(k0 + c) * kElem);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    const int u = threadIdx.x + kMvOut * 16 * i, row = u / (kMvTk / kPer), c = (u % (kMvTk / kPer)) * kPer;
+    float *d = ws + row * kMvStride + c;
+    const uint32_t v[4] = {buf[i].x, buf[i].y, buf[i].z, buf[i].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (T == GgmlType::F32) {
+        d[j] = __uint_as_float(v[j]);
+      } else {
+        d[2 * j] = elem_of<T>(v[j], 0);
+        d[2 * j + 1] = elem_of<T>(v[j], 1);
+      }
+    }
+  }
+}
+
 template <GgmlType T, int R>
 __global__ void __launch_bounds__(kMvOut * 16)
     matvec_f32_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
                       const float *__restrict__ x, float *__restrict__ y, int n_rows) {
-  __shared__ float ws[kMvOut * kMvStride];
-  __shared__ float xs[R * kMvTk];
+  __shared__ __align__(16) float ws[kMvOut * kMvStride];
+  __shared__ __align__(16) float xs[R * kMvTk];
   const int tid = threadIdx.x, o = tid / 16, l = tid % 16;
   const int64_t n0 = int64_t(blockIdx.x) * kMvOut;
   float acc[R];
@@ -244,15 +280,36 @@ __global__ void __launch_bounds__(kMvOut * 16)
   for (int r = 0; r < R; ++r) acc[r] = 0.0f;
   for (int64_t k0 = 0; k0 < K; k0 += kMvTk) {
     const int tk = K - k0 < kMvTk ? int(K - k0) : kMvTk;
-    for (int u = tid; u < kMvOut * kMvTk; u += kMvOut * 16) {
-      const int row = u / kMvTk, c = u % kMvTk;
-      float v = 0.0f;
-      if (n0 + row < n_out && c < tk) v = dev::dequant_elem<T>(w + size_t(n0 + row) * row_bytes, k0 + c);
-      ws[row * kMvStride + c] = v;
+    // 16-byte loads when every row and x row is 16-byte aligned (K a multiple of 8 elements).
+    const bool vec = K % 8 == 0 && row_bytes % 16 == 0 && (reinterpret_cast<uintptr_t>(w) % 16) == 0 &&
+                     (reinterpret_cast<uintptr_t>(x) % 16) == 0;
+    bool staged = false;
+    if constexpr (kFloatType<T>) {
+      if (vec) {
+        stage_weights_vec<T>(w, row_bytes, n0, n_out, k0, tk, ws);
+        staged = true;
+      }
     }
-    for (int u = tid; u < R * kMvTk; u += kMvOut * 16) {
-      const int r = u / kMvTk, c = u % kMvTk;
-      xs[u] = (r < n_rows && c < tk) ? x[size_t(r) * K + k0 + c] : 0.0f;
+    if (!staged) {
+      for (int u = tid; u < kMvOut * kMvTk; u += kMvOut * 16) {
+        const int row = u / kMvTk, c = u % kMvTk;
+        float v = 0.0f;
+        if (n0 + row < n_out && c < tk) v = dev::dequant_elem<T>(w + size_t(n0 + row) * row_bytes, k0 + c);
+        ws[row * kMvStride + c] = v;
+      }
+    }
+    if (vec) {
+      for (int u = tid; u < R * kMvTk / 4; u += kMvOut * 16) {
+        const int r = u / (kMvTk / 4), c = (u % (kMvTk / 4)) * 4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < n_rows && c < tk) v = *reinterpret_cast<const float4 *>(x + size_t(r) * K + k0 + c);
+        *reinterpret_cast<float4 *>(xs + r * kMvTk + c) = v;
+      }
+    } else {
+      for (int u = tid; u < R * kMvTk; u += kMvOut * 16) {
+        const int r = u / kMvTk, c = u % kMvTk;
+        xs[u] = (r < n_rows && c < tk) ? x[size_t(r) * K + k0 + c] : 0.0f;
+      }
     }
     __syncthreads();
     for (int c = l; c < tk; c += 16) {
