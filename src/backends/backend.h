@@ -83,6 +83,12 @@ class Exec {
   // out = x / rms(x) * g over n_vec contiguous vectors of dim (g: an F32 vector of dim, or
   // nullptr for none). out may be x.
   virtual void rmsnorm(Act x, const WeightView *g, int64_t n_vec, int64_t dim, float eps, Act out) = 0;
+  // x = rmsnorm(x) * g in place, then h += x (a post-norm and its residual add): exactly
+  // rmsnorm then add, as one op where a backend fuses them.
+  virtual void rmsnorm_add(Act x, const WeightView *g, int64_t n_vec, int64_t dim, float eps, Act h) {
+    rmsnorm(x, g, n_vec, dim, eps, x);
+    add(h, x, n_vec * dim);
+  }
   // NEOX rotary embedding in place on x [n_rows][n_heads][head_dim] with rows cs (rope_rows).
   virtual void rope(Act x, int n_rows, int n_heads, int head_dim, int rot_dim, Act cs) = 0;
   // Store K and V rows [n_rows][row_floats] of layer l at the step's positions.

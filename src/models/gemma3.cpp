@@ -195,8 +195,7 @@ void Gemma3::attention_block(const Layer &L, int il, Act h, int n, KvStore &kv, 
   ex.kv_append(kv, il, k, v, n);
   ex.attention(kv, il, q, att, n, int(n_head_), int(head_dim_), L.sliding ? window_ : 0, attn_scale_);
   ex.matmul(L.attn_output, att, o, n);
-  ex.rmsnorm(o, &L.post_attention_norm, n, d, eps_, o);
-  ex.add(h, o, int64_t(n) * d);
+  ex.rmsnorm_add(o, &L.post_attention_norm, n, d, eps_, h);
 }
 
 // h += post_norm(W_down (gelu(W_gate x) * W_up x)), x = norm(h)

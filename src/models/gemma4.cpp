@@ -367,8 +367,7 @@ void Gemma4::attention_block(const Layer &L, Act h, int n, KvStore &kv, Exec &ex
   }
   ex.attention(kv, slot, q, att, n, int(n_head_), int(hd), L.sliding ? window_ : 0, 1.0f);
   ex.matmul(L.attn_output, att, o, n);
-  ex.rmsnorm(o, &L.post_attention_norm, n, d, eps_, o);
-  ex.add(h, o, int64_t(n) * d);
+  ex.rmsnorm_add(o, &L.post_attention_norm, n, d, eps_, h);
 }
 
 // h += post_norm(W_down (gelu(W_gate x) * W_up x)), x = norm(h)
@@ -390,8 +389,7 @@ void Gemma4::ple_block(const Layer &L, int il, Act h, int n, Exec &ex) const {
     ex.copy_cols(z, int64_t(il) * d_ple_, zl, n);
     ex.gelu_mul(g, zl, g, int64_t(n) * d_ple_);
     ex.matmul(L.proj, g, o, n);
-    ex.rmsnorm(o, &L.post_norm, n, d, eps_, o);
-    ex.add(h, o, int64_t(n) * d);
+    ex.rmsnorm_add(o, &L.post_norm, n, d, eps_, h);
   }
   if (L.out_scale != 1.0f) ex.scale(h, L.out_scale, int64_t(n) * d);
 }

@@ -179,8 +179,7 @@ void gelu_ffn_residual(Exec &ex, Act h, int n, const WeightView &norm, const Wei
   ex.matmul(ws, 2, x, ys, n);
   ex.gelu_mul(gate, up, gate, int64_t(n) * w_gate.n_out);
   ex.matmul(w_down, gate, o, n);
-  ex.rmsnorm(o, &post_norm, n, d, eps, o);
-  ex.add(h, o, int64_t(n) * d);
+  ex.rmsnorm_add(o, &post_norm, n, d, eps, h);
 }
 
 void output_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act h, int n, float eps, float softcap,

@@ -6,6 +6,7 @@
 // Compiled only with -DGEIST_CUDA=ON (src/CMakeLists.txt); plain C++ over kernels.h, so it
 // needs no CUDA headers.
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <map>
 #include <cstdlib>
@@ -305,22 +306,36 @@ class CudaExec final : public Exec {
   void matmul(const WeightView *const *ws, int n_mat, Act x, const Act *ys, int n_rows) override {
     const cuda::ActMode mode = cpu::activation_mode() == cpu::ActivationMode::F32 ? cuda::ActMode::F32
                                                                                   : cuda::ActMode::Q8;
+    constexpr int kMax = 4;  // Exec::matmul's bound
+    if (n_mat < 1 || n_mat > kMax) return fail(Status(GEIST_E_INVALID_ARGUMENT, "matmul: 1 to 4 matrices"));
+    std::array<cuda::DevMatrix, kMax> w{};
+    std::array<float *, kMax> y{};
+    uint64_t k = key(2, int(mode), x.p, n_rows, n_mat);
+    std::string label;
     for (int m = 0; m < n_mat; ++m) {
-      const cuda::DevMatrix w = dev(*ws[m]);
-      float *y = ys[m].p;
-      void *scratch = scratch_;
-      record("matmul", key(2, w.data, w.n_in, w.n_out, int(mode), x.p, y, n_rows),
-             [=, s = stream_] { return cuda::matmul(w, x.p, y, n_rows, mode, scratch, s); });
+      w[size_t(m)] = dev(*ws[m]);
+      y[size_t(m)] = ys[m].p;
+      k = mix(k, key(w[size_t(m)].data, w[size_t(m)].n_in, w[size_t(m)].n_out, y[size_t(m)]));
       if (profile_) {
-        ops_.back().label = std::string("matmul ") + quant::type_name(w.type) + " " + std::to_string(w.n_in) + "x" +
-                            std::to_string(w.n_out);
+        label += std::string(m ? " + " : "matmul ") + quant::type_name(ws[m]->type) + " " +
+                 std::to_string(ws[m]->n_in) + "x" + std::to_string(ws[m]->n_out);
       }
     }
+    void *scratch = scratch_;
+    record("matmul", k, [=, s = stream_] {
+      return cuda::matmul_n(w.data(), y.data(), n_mat, x.p, n_rows, mode, scratch, s);
+    });
+    if (profile_) ops_.back().label = label;
   }
   void rmsnorm(Act x, const WeightView *g, int64_t n_vec, int64_t dim, float eps, Act out) override {
     const float *gp = g ? reinterpret_cast<const float *>(g->device) : nullptr;
     record("rmsnorm", key(3, x.p, gp, n_vec, dim, eps, out.p),
            [=, s = stream_] { return cuda::rmsnorm(x.p, gp, out.p, n_vec, dim, eps, s); });
+  }
+  void rmsnorm_add(Act x, const WeightView *g, int64_t n_vec, int64_t dim, float eps, Act h) override {
+    const float *gp = g ? reinterpret_cast<const float *>(g->device) : nullptr;
+    record("rmsnorm_add", key(13, x.p, gp, n_vec, dim, eps, h.p),
+           [=, s = stream_] { return cuda::rmsnorm_add(x.p, gp, x.p, h.p, n_vec, dim, eps, s); });
   }
   void rope(Act x, int n_rows, int n_heads, int head_dim, int rot_dim, Act cs) override {
     record("rope", key(4, x.p, n_rows, n_heads, head_dim, rot_dim, cs.p),

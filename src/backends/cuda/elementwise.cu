@@ -16,7 +16,7 @@ unsigned blocks_for(int64_t n, int per) { return unsigned((n + per - 1) / per); 
 // is the CPU's except where that changes the rounding of r to float (one ulp, rarely).
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
-    rmsnorm_kernel(const float *x, const float *__restrict__ g, float *out, int64_t dim, float eps) {
+    rmsnorm_kernel(const float *x, const float *__restrict__ g, float *out, int64_t dim, float eps, float *h) {
   __shared__ double part[kThreads / 32];
   __shared__ float r_sh;
   const float *xv = x + size_t(blockIdx.x) * dim;
@@ -37,8 +37,10 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const float r = r_sh;
   for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
-    const float v = __fmul_rn(xv[i], r);
-    ov[i] = g ? __fmul_rn(v, g[i]) : v;
+    float v = __fmul_rn(xv[i], r);
+    if (g) v = __fmul_rn(v, g[i]);
+    ov[i] = v;
+    if (h) h[size_t(blockIdx.x) * dim + i] = __fadd_rn(h[size_t(blockIdx.x) * dim + i], v);  // rmsnorm_add
   }
 }
 
@@ -101,15 +103,20 @@ __global__ void copy_cols_kernel(const float *__restrict__ src, int64_t src_stri
 
 }  // namespace
 
-Status rmsnorm(const float *x, const float *g, float *out, int64_t n_vec, int64_t dim, float eps, CudaStream s) {
+Status rmsnorm_add(const float *x, const float *g, float *out, float *h, int64_t n_vec, int64_t dim, float eps,
+                   CudaStream s) {
   if (n_vec < 0 || dim <= 0 || n_vec > 0x7FFFFFFF) return bad_arg("cuda::rmsnorm: bad shape");
   if (n_vec == 0) return Status::ok();
   if (dim <= 512) {
-    rmsnorm_kernel<64><<<unsigned(n_vec), 64, 0, s>>>(x, g, out, dim, eps);
+    rmsnorm_kernel<64><<<unsigned(n_vec), 64, 0, s>>>(x, g, out, dim, eps, h);
   } else {
-    rmsnorm_kernel<256><<<unsigned(n_vec), 256, 0, s>>>(x, g, out, dim, eps);
+    rmsnorm_kernel<256><<<unsigned(n_vec), 256, 0, s>>>(x, g, out, dim, eps, h);
   }
   return launch_status("cuda::rmsnorm");
+}
+
+Status rmsnorm(const float *x, const float *g, float *out, int64_t n_vec, int64_t dim, float eps, CudaStream s) {
+  return rmsnorm_add(x, g, out, nullptr, n_vec, dim, eps, s);
 }
 
 Status rope_neox(float *x, int n_rows, int n_heads, int head_dim, int rot_dim, const float *cs, CudaStream s) {

@@ -128,6 +128,11 @@ size_t matmul_scratch_bytes(const DevMatrix &w, int max_rows);
 Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode mode, void *scratch,
               CudaStream s);
 
+// matmul of n_mat matrices over the same x (y_m = W_m x), with matmul's bits; K-quants of one
+// K with few rows share one quantization of x and one launch per run of a type.
+Status matmul_n(const DevMatrix *ws, float *const *ys, int n_mat, const float *x, int n_rows, ActMode mode,
+                void *scratch, CudaStream s);
+
 // out[r] = dequant(table row ids[r]) * scale; an id outside [0, table.n_out) gives a zero row
 // (Gemma 4's per-layer embeddings). ids: [n] int32 (device), out: [n][table.n_in]; n <= 65535.
 // Bits: cpu::embedding_gather's.
@@ -140,6 +145,10 @@ Status embed(const DevMatrix &table, const int32_t *ids, int n, float scale, flo
 // tree, so the scale equals cpu::rmsnorm_to's except where the other order of the double
 // additions changes its rounding to float (then by one ulp; out within a few ulp).
 Status rmsnorm(const float *x, const float *g, float *out, int64_t n_vec, int64_t dim, float eps, CudaStream s);
+// rmsnorm, then h += out (h: [n_vec][dim], not aliasing x or out), in one launch; the same
+// bits as rmsnorm followed by add_inplace.
+Status rmsnorm_add(const float *x, const float *g, float *out, float *h, int64_t n_vec, int64_t dim, float eps,
+                   CudaStream s);
 
 // Rotary embedding, half-split (NEOX) layout, in place: x [n_rows][n_heads][head_dim];
 // cs: [n_rows][rot_dim/2][2] (cos, sin), as cpu::RopeTable::fill makes it. Dims >= rot_dim

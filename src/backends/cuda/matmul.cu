@@ -475,6 +475,35 @@ Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode 
   return launch_status("cuda::matmul (q8)");
 }
 
+Status matmul_n(const DevMatrix *ws, float *const *ys, int n_mat, const float *x, int n_rows, ActMode mode,
+                void *scratch, CudaStream s) {
+  if (n_mat < 0 || (n_mat > 0 && (ws == nullptr || ys == nullptr))) return bad_arg("cuda::matmul_n: bad matrix list");
+  // One quantization of x and one launch per run of same-type matrices, when every matrix
+  // is a K-quant of the same K and the rows are few (the matrix-vector kernel).
+  bool grouped = mode == ActMode::Q8 && n_mat > 1 && n_rows >= 1 && n_rows <= 8 && !reference_kernels() &&
+                 scratch != nullptr && x != nullptr;
+  for (int m = 0; grouped && m < n_mat; ++m) {
+    grouped = kquant_fast_path(ws[m].type) && ws[m].n_in == ws[0].n_in && ys[m] != nullptr &&
+              check_matrix(ws[m], "cuda::matmul_n").is_ok();
+  }
+  if (!grouped) {
+    for (int m = 0; m < n_mat; ++m) GEIST_RETURN_IF_ERROR(matmul(ws[m], x, ys[m], n_rows, mode, scratch, s));
+    return Status::ok();
+  }
+  const int64_t K = ws[0].n_in, nb = K / 256;
+  auto *xq = static_cast<int8_t *>(scratch);
+  auto *xd = reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + align_up(size_t(n_rows) * K, 256));
+  quantize_q8_k_kernel<<<dim3(unsigned((nb + 3) / 4), unsigned(n_rows)), 128, 0, s>>>(x, K, n_rows, xq, xd);
+  GEIST_RETURN_IF_ERROR(launch_status("cuda::matmul_n (quantize activations)"));
+  for (int m0 = 0; m0 < n_mat;) {
+    int m1 = m0 + 1;
+    while (m1 < n_mat && ws[m1].type == ws[m0].type) ++m1;
+    matmul_kquant_n(ws + m0, ys + m0, m1 - m0, xq, xd, n_rows, s);
+    m0 = m1;
+  }
+  return launch_status("cuda::matmul_n (k-quant)");
+}
+
 Status embed(const DevMatrix &table, const int32_t *ids, int n, float scale, float *out, CudaStream s) {
   GEIST_RETURN_IF_ERROR(check_matrix(table, "cuda::embed"));
   if (n < 0 || n > 65535 || (n > 0 && (ids == nullptr || out == nullptr))) {

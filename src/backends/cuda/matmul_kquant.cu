@@ -153,16 +153,31 @@ __device__ __forceinline__ float block_term(float dw, float dmin, float dx, int 
 
 constexpr int kMvWarps = 8;
 
+// Up to 4 matrices of one type and one K that share the activations (q/k, gate/up): one
+// launch, each warp finding its matrix from the running output counts.
+constexpr int kMaxSet = 4;
+struct MvSet {
+  const uint8_t *w[kMaxSet];
+  size_t row_bytes[kMaxSet];
+  float *y[kMaxSet];
+  int64_t n_out[kMaxSet];
+  int64_t first[kMaxSet + 1];  // warps before matrix m (warp = output); first[n] = the total
+  int n;
+};
+
 template <GgmlType T, int R>
 __global__ void __launch_bounds__(kMvWarps * 32)
-    matvec_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
-                  const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y, int n_rows) {
+    matvec_kernel(MvSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd, int n_rows) {
   using L = KQ<T>;
   constexpr int kSegBytes = 32 / L::kSegs;
   const int lane = threadIdx.x % 32, g = lane / 8, t = lane % 8;
-  const int64_t n = int64_t(blockIdx.x) * kMvWarps + threadIdx.x / 32;
-  if (n >= n_out) return;  // whole warps
-  const uint8_t *wrow = w + size_t(n) * row_bytes;
+  const int64_t gw = int64_t(blockIdx.x) * kMvWarps + threadIdx.x / 32;
+  if (gw >= set.first[set.n]) return;  // whole warps
+  int m = 0;
+  while (m + 1 < set.n && gw >= set.first[m + 1]) ++m;
+  const int64_t n = gw - set.first[m], n_out = set.n_out[m];
+  float *__restrict__ y = set.y[m];
+  const uint8_t *wrow = set.w[m] + size_t(n) * set.row_bytes[m];
   const int64_t nb = K / 256;
   float sum[R];
 #pragma unroll
@@ -466,9 +481,9 @@ bool dispatch_kquant(GgmlType t, F &&f) {
 }
 
 template <GgmlType T, int R>
-void launch_matvec(const DevMatrix &w, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s) {
-  const dim3 grid(unsigned((w.n_out + kMvWarps - 1) / kMvWarps));
-  matvec_kernel<T, R><<<grid, kMvWarps * 32, 0, s>>>(w.data, w.row_bytes, w.n_in, w.n_out, xq, xd, y, n_rows);
+void launch_matvec(const MvSet &set, int64_t K, const int8_t *xq, const float *xd, int n_rows, CudaStream s) {
+  const dim3 grid(unsigned((set.first[set.n] + kMvWarps - 1) / kMvWarps));
+  matvec_kernel<T, R><<<grid, kMvWarps * 32, 0, s>>>(set, K, xq, xd, n_rows);
 }
 
 }  // namespace
@@ -489,31 +504,54 @@ int kquant_mma_min_rows() {
   return v;
 }
 
-void matmul_kquant(const DevMatrix &w, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s) {
-  dispatch_kquant(w.type, [&](auto tag) {
+void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd, int n_rows,
+                     CudaStream s) {
+  if (n_mat <= 0) return;
+  dispatch_kquant(ws[0].type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
+    const int64_t K = ws[0].n_in;
     if (n_rows >= kquant_mma_min_rows()) {
-      const dim3 grid(unsigned((w.n_out + kTile - 1) / kTile), unsigned((n_rows + kTile - 1) / kTile));
-      matmul_mma_kernel<T><<<grid, 128, 0, s>>>(w.data, w.row_bytes, w.n_in, w.n_out, xq, xd, y, n_rows);
+      for (int m = 0; m < n_mat; ++m) {
+        const dim3 grid(unsigned((ws[m].n_out + kTile - 1) / kTile), unsigned((n_rows + kTile - 1) / kTile));
+        matmul_mma_kernel<T><<<grid, 128, 0, s>>>(ws[m].data, ws[m].row_bytes, K, ws[m].n_out, xq, xd, ys[m], n_rows);
+      }
       return;
     }
-    // 1..8 rows per launch (more rows on a device without int8 MMA: blocks of 8).
-    for (int r = 0; r < n_rows; r += 8) {
-      const int nr = n_rows - r < 8 ? n_rows - r : 8;
-      const int8_t *xr = xq + size_t(r) * w.n_in;
-      const float *dr = xd + size_t(r) * (w.n_in / 256);
-      float *yr = y + size_t(r) * w.n_out;
-      if (nr == 1) {
-        launch_matvec<T, 1>(w, xr, dr, yr, nr, s);
-      } else if (nr == 2) {
-        launch_matvec<T, 2>(w, xr, dr, yr, nr, s);
-      } else if (nr <= 4) {
-        launch_matvec<T, 4>(w, xr, dr, yr, nr, s);
-      } else {
-        launch_matvec<T, 8>(w, xr, dr, yr, nr, s);
+    for (int m0 = 0; m0 < n_mat; m0 += kMaxSet) {
+      const int nm = n_mat - m0 < kMaxSet ? n_mat - m0 : kMaxSet;
+      // 1..8 rows per launch (more rows on a device without int8 MMA: blocks of 8).
+      for (int r = 0; r < n_rows; r += 8) {
+        const int nr = n_rows - r < 8 ? n_rows - r : 8;
+        MvSet set{};
+        set.n = nm;
+        set.first[0] = 0;
+        for (int i = 0; i < nm; ++i) {
+          const DevMatrix &w = ws[m0 + i];
+          set.w[i] = w.data;
+          set.row_bytes[i] = w.row_bytes;
+          set.y[i] = ys[m0 + i] + size_t(r) * w.n_out;
+          set.n_out[i] = w.n_out;
+          set.first[i + 1] = set.first[i] + w.n_out;
+        }
+        const int8_t *xr = xq + size_t(r) * K;
+        const float *dr = xd + size_t(r) * (K / 256);
+        if (nr == 1) {
+          launch_matvec<T, 1>(set, K, xr, dr, nr, s);
+        } else if (nr == 2) {
+          launch_matvec<T, 2>(set, K, xr, dr, nr, s);
+        } else if (nr <= 4) {
+          launch_matvec<T, 4>(set, K, xr, dr, nr, s);
+        } else {
+          launch_matvec<T, 8>(set, K, xr, dr, nr, s);
+        }
       }
     }
   });
+}
+
+void matmul_kquant(const DevMatrix &w, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s) {
+  float *ys[1] = {y};
+  matmul_kquant_n(&w, ys, 1, xq, xd, n_rows, s);
 }
 
 }  // namespace geist::cuda

@@ -12,5 +12,8 @@ namespace geist::cuda {
 bool kquant_fast_path(quant::GgmlType t);
 // y = W x with dot_unpacked's bits; enqueues on s (launch errors: cudaGetLastError).
 void matmul_kquant(const DevMatrix &w, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s);
+// The same for n_mat matrices of one K-quant type and one K sharing the activations.
+void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd, int n_rows,
+                     CudaStream s);
 
 }  // namespace geist::cuda
