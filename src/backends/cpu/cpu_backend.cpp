@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
+#include <string>
 
 #include "backends/backend.h"
+#include "backends/op_profile.h"
 #include "backends/cpu/isa.h"
 #include "backends/cpu/kv_rows.h"
 #include "backends/cpu/ops.h"
@@ -151,7 +154,15 @@ class CpuKvStore final : public KvStore {
 
 class CpuExec final : public Exec {
  public:
-  CpuExec(int n_threads, int max_chunk) : pool_(n_threads), max_rows_(max_chunk) {}
+  CpuExec(int n_threads, int max_chunk) : pool_(n_threads), max_rows_(max_chunk) {
+    if (OpProfile::enabled()) profile_ = std::make_unique<OpProfile>();
+  }
+  ~CpuExec() override {
+    if (profile_) {
+      profile_->print("CPU, " + cpu::isa_description() + " tier, " + std::to_string(pool_.n_threads()) + " threads",
+                      "wall time of each op");
+    }
+  }
 
   int n_threads() const override { return pool_.n_threads(); }
 
@@ -177,6 +188,7 @@ class CpuExec final : public Exec {
   Status end_step() override { return Status::ok(); }
 
   void embed(const WeightView &table, float scale, Act out) override {
+    const OpProfile::Scope ps = scope("embedding");
     int r = 0;
     while (r < n_rows_) {  // runs of ids the table has, gathered together
       int e = r;
@@ -187,6 +199,14 @@ class CpuExec final : public Exec {
     }
   }
   void matmul(const WeightView *const *ws, int n_mat, Act x, const Act *ys, int n_rows) override {
+    std::string label;
+    if (profile_) {
+      for (int m = 0; m < n_mat; ++m) {
+        label += std::string(m ? " + " : "matmul ") + quant::type_name(ws[m]->type) + " " +
+                 std::to_string(ws[m]->n_in) + "x" + std::to_string(ws[m]->n_out);
+      }
+    }
+    const OpProfile::Scope ps(profile_.get(), profile_ ? profile_label(label, n_rows) : std::string());
     if (n_mat == 1) {
       cpu::matmul(*ws[0], x.p, ys[0].p, n_rows, pool_);
       return;
@@ -196,6 +216,7 @@ class CpuExec final : public Exec {
     cpu::matmul_shared_input(ws, n_mat, x.p, y, n_rows, pool_);
   }
   void rmsnorm(Act x, const WeightView *g, int64_t n_vec, int64_t dim, float eps, Act out) override {
+    const OpProfile::Scope ps = scope("rmsnorm");
     const float *gp = g ? reinterpret_cast<const float *>(g->data) : nullptr;
     if (out.p == x.p) {
       cpu::rmsnorm(x.p, gp, n_vec, dim, eps, pool_);
@@ -204,13 +225,16 @@ class CpuExec final : public Exec {
     }
   }
   void rope(Act x, int n_rows, int n_heads, int head_dim, int rot_dim, Act cs) override {
+    const OpProfile::Scope ps = scope("rope");
     cpu::rope_neox(x.p, n_rows, n_heads, head_dim, rot_dim, cs.p, pool_);
   }
   void kv_append(KvStore &kv, int l, Act k, Act v, int n_rows) override {
+    const OpProfile::Scope ps = scope("storing KV rows");
     static_cast<CpuKvStore &>(kv).append(l, pos0_, n_rows, k.p, v.p);
   }
   void attention(const KvStore &kv, int l, Act q, Act out, int n_rows, int n_head, int head_dim, int window,
                  float scale) override {
+    const OpProfile::Scope ps = scope("attention");
     const auto &c = static_cast<const CpuKvStore &>(kv);
     cpu::AttentionArgs a{q.p,
                          c.k(l),
@@ -228,25 +252,40 @@ class CpuExec final : public Exec {
                          c.type_v()};
     cpu::attention(a, pool_);
   }
-  void gelu_mul(Act gate, Act up, Act out, int64_t n) override { cpu::gelu_mul(gate.p, up.p, out.p, n, pool_); }
-  void add(Act x, Act y, int64_t n) override { cpu::add_inplace(x.p, y.p, n); }
+  void gelu_mul(Act gate, Act up, Act out, int64_t n) override {
+    const OpProfile::Scope ps = scope("gelu_mul");
+    cpu::gelu_mul(gate.p, up.p, out.p, n, pool_);
+  }
+  void add(Act x, Act y, int64_t n) override {
+    const OpProfile::Scope ps = scope("add");
+    cpu::add_inplace(x.p, y.p, n);
+  }
   void scale(Act x, float s, int64_t n) override {
+    const OpProfile::Scope ps = scope("scale");
     for (int64_t i = 0; i < n; ++i) x.p[i] *= s;
   }
   void add_scale(Act x, Act y, float s, int64_t n) override {
+    const OpProfile::Scope ps = scope("add_scale");
     for (int64_t i = 0; i < n; ++i) x.p[i] = (x.p[i] + y.p[i]) * s;
   }
   void softcap(Act x, float cap, int64_t n) override {
+    const OpProfile::Scope ps = scope("softcap");
     for (int64_t i = 0; i < n; ++i) x.p[i] = cap * std::tanh(x.p[i] / cap);
   }
   void copy_cols(Act src, int64_t col0, Act dst, int n_rows) override {
+    const OpProfile::Scope ps = scope("copy_cols");
     for (int r = 0; r < n_rows; ++r) {
       std::memcpy(dst.rows_from(r).p, src.rows_from(r).p + col0, sizeof(float) * size_t(dst.width));
     }
   }
 
  private:
+  OpProfile::Scope scope(const char *op) {
+    return OpProfile::Scope(profile_.get(), profile_ ? profile_label(op, n_rows_) : std::string());
+  }
+
   ThreadPool pool_;
+  std::unique_ptr<OpProfile> profile_;  // GEIST_PROFILE=1
   int max_rows_;
   std::vector<std::vector<float>> bufs_;
   const int32_t *tokens_ = nullptr;

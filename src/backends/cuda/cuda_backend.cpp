@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
-#include <map>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/op_profile.h"
 #include "backends/cpu/ops.h"
 #include "backends/cuda/kernels.h"
 #include "base/timer.h"
@@ -171,7 +171,7 @@ class CudaExec final : public Exec {
     if (const char *e = std::getenv("GEIST_CUDA_INJECT_FAULT")) inject_at_ = std::strtoll(e, nullptr, 10);
     // GEIST_PROFILE=1: wait for each op and add its time to a per-op table, printed to
     // stderr when the exec ends (the waits make the whole run slower; the shares hold).
-    if (const char *e = std::getenv("GEIST_PROFILE")) profile_ = e[0] == '1';
+    profile_ = OpProfile::enabled();
     // GEIST_CUDA_GRAPHS=0: every op launched on its own (also while profiling or injecting
     // faults, which count and time single ops).
     const char *g = std::getenv("GEIST_CUDA_GRAPHS");
@@ -179,7 +179,7 @@ class CudaExec final : public Exec {
     ops_.reserve(2048);
   }
   ~CudaExec() override {
-    print_profile();
+    if (profile_) prof_.print(name_, "each op waited for");
     if (!cuda::set_device(device_).is_ok()) return;
     if (stream_) {
       (void)cuda::stream_sync(stream_);
@@ -498,9 +498,7 @@ class CudaExec final : public Exec {
       if (profile_) {
         (void)cuda::stream_sync(stream_);
         const double t = now_seconds();
-        auto &e = prof_[(op.label.empty() ? std::string(op.what) : op.label) + (n_rows_ == 1 ? " (1 row)" : " (n rows)")];
-        e.first += t - prof_t_;
-        e.second += 1;
+        prof_.add(profile_label(op.label.empty() ? std::string(op.what) : op.label, n_rows_), t - prof_t_);
         prof_t_ = t;
       }
     }
@@ -545,20 +543,6 @@ class CudaExec final : public Exec {
     run(cuda::graph_launch(*g, stream_), "launching the step's graph");
   }
 
-  void print_profile() const {
-    if (!profile_ || prof_.empty()) return;
-    std::vector<std::pair<std::string, std::pair<double, long>>> v(prof_.begin(), prof_.end());
-    std::sort(v.begin(), v.end(), [](const auto &a, const auto &b) { return a.second.first > b.second.first; });
-    double total = 0;
-    for (const auto &e : v) total += e.second.first;
-    std::fprintf(stderr, "GEIST_PROFILE %s: %.1f ms in ops (each waited for)\n", name_.c_str(), total * 1e3);
-    for (const auto &e : v) {
-      std::fprintf(stderr, "  %-36s %9.2f ms %5.1f %%  %8ld calls  %8.1f us/call\n", e.first.c_str(),
-                   e.second.first * 1e3, 100 * e.second.first / total, e.second.second,
-                   e.second.first * 1e6 / double(e.second.second));
-    }
-  }
-
   int device_;
   std::string name_;
   int max_rows_;
@@ -593,7 +577,7 @@ class CudaExec final : public Exec {
   std::vector<std::pair<uint64_t, size_t>> seen_;
   uint64_t clock_ = 0;
   double prof_t_ = 0;
-  std::map<std::string, std::pair<double, long>> prof_;  // op -> (seconds, calls)
+  OpProfile prof_;
 };
 
 class CudaBackend final : public Backend {
