@@ -314,13 +314,7 @@ __global__ void __launch_bounds__(kThreads) attention_merge_kernel(AttnParams a,
 
 template <class F>
 bool dispatch_kv(KvType t, F &&f) {
-  switch (t) {
-    case KvType::F32: f(std::integral_constant<KvType, KvType::F32>{}); return true;
-    case KvType::F16: f(std::integral_constant<KvType, KvType::F16>{}); return true;
-    case KvType::BF16: f(std::integral_constant<KvType, KvType::BF16>{}); return true;
-    case KvType::Q8_0: f(std::integral_constant<KvType, KvType::Q8_0>{}); return true;
-  }
-  return false;
+  return dispatch_among<KvType, KvType::F32, KvType::F16, KvType::BF16, KvType::Q8_0>(t, std::forward<F>(f));
 }
 
 bool kv_type_ok(KvType t) { return static_cast<uint8_t>(t) <= static_cast<uint8_t>(KvType::Q8_0); }

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "backends/cuda/kernels.h"
 #include "quant/ggml_type.h"
@@ -22,6 +23,13 @@ inline Status bad_arg(const std::string &msg) { return Status(GEIST_E_INVALID_AR
 // GEIST_CUDA_REFERENCE=1: the simple reference kernels only (one warp per matmul output,
 // one block per attention query and head), to measure the fast ones against.
 bool reference_kernels();
+
+// Calls f(std::integral_constant<E, V>{}) for the V among Vs equal to t (one template
+// instance per V); false if t is none of them.
+template <class E, E... Vs, class F>
+bool dispatch_among(E t, F &&f) {
+  return ((t == Vs ? (f(std::integral_constant<E, Vs>{}), true) : false) || ...);
+}
 
 namespace dev {
 

@@ -364,38 +364,35 @@ __global__ void embed_kernel(const uint8_t *__restrict__ table, size_t row_bytes
 // Calls f(std::integral_constant<GgmlType, T>{}) for the runtime type t; false if t is not supported.
 template <class F>
 bool dispatch_all(GgmlType t, F &&f) {
-  switch (t) {
-    case GgmlType::F32: f(std::integral_constant<GgmlType, GgmlType::F32>{}); return true;
-    case GgmlType::F16: f(std::integral_constant<GgmlType, GgmlType::F16>{}); return true;
-    case GgmlType::BF16: f(std::integral_constant<GgmlType, GgmlType::BF16>{}); return true;
-    case GgmlType::Q4_0: f(std::integral_constant<GgmlType, GgmlType::Q4_0>{}); return true;
-    case GgmlType::Q4_1: f(std::integral_constant<GgmlType, GgmlType::Q4_1>{}); return true;
-    case GgmlType::Q5_0: f(std::integral_constant<GgmlType, GgmlType::Q5_0>{}); return true;
-    case GgmlType::Q5_1: f(std::integral_constant<GgmlType, GgmlType::Q5_1>{}); return true;
-    case GgmlType::Q8_0: f(std::integral_constant<GgmlType, GgmlType::Q8_0>{}); return true;
-    case GgmlType::Q2_K: f(std::integral_constant<GgmlType, GgmlType::Q2_K>{}); return true;
-    case GgmlType::Q3_K: f(std::integral_constant<GgmlType, GgmlType::Q3_K>{}); return true;
-    case GgmlType::Q4_K: f(std::integral_constant<GgmlType, GgmlType::Q4_K>{}); return true;
-    case GgmlType::Q5_K: f(std::integral_constant<GgmlType, GgmlType::Q5_K>{}); return true;
-    case GgmlType::Q6_K: f(std::integral_constant<GgmlType, GgmlType::Q6_K>{}); return true;
-    default: return false;
-  }
+  using G = GgmlType;
+  return dispatch_among<G, G::F32, G::F16, G::BF16, G::Q4_0, G::Q4_1, G::Q5_0, G::Q5_1, G::Q8_0, G::Q2_K, G::Q3_K,
+                        G::Q4_K, G::Q5_K, G::Q6_K>(t, std::forward<F>(f));
 }
 
 // The types with an integer form (act_format Q8_0 or Q8_K).
 template <class F>
 bool dispatch_q8(GgmlType t, F &&f) {
-  switch (t) {
-    case GgmlType::Q4_0: f(std::integral_constant<GgmlType, GgmlType::Q4_0>{}); return true;
-    case GgmlType::Q5_0: f(std::integral_constant<GgmlType, GgmlType::Q5_0>{}); return true;
-    case GgmlType::Q8_0: f(std::integral_constant<GgmlType, GgmlType::Q8_0>{}); return true;
-    case GgmlType::Q2_K: f(std::integral_constant<GgmlType, GgmlType::Q2_K>{}); return true;
-    case GgmlType::Q3_K: f(std::integral_constant<GgmlType, GgmlType::Q3_K>{}); return true;
-    case GgmlType::Q4_K: f(std::integral_constant<GgmlType, GgmlType::Q4_K>{}); return true;
-    case GgmlType::Q5_K: f(std::integral_constant<GgmlType, GgmlType::Q5_K>{}); return true;
-    case GgmlType::Q6_K: f(std::integral_constant<GgmlType, GgmlType::Q6_K>{}); return true;
-    default: return false;
+  using G = GgmlType;
+  return dispatch_among<G, G::Q4_0, G::Q5_0, G::Q8_0, G::Q2_K, G::Q3_K, G::Q4_K, G::Q5_K, G::Q6_K>(t,
+                                                                                              std::forward<F>(f));
+}
+
+// Quantizes x [n_rows][K] per row into scratch (matmul_scratch_bytes' layout: the quants,
+// then from the next 256-byte boundary the block scales); act_block 32 (Q8_0) or 256 (Q8_K).
+struct QuantizedActs {
+  int8_t *q;
+  float *d;
+};
+QuantizedActs quantize_acts(const float *x, int64_t K, int n_rows, int act_block, void *scratch, CudaStream s) {
+  QuantizedActs a{static_cast<int8_t *>(scratch),
+                  reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + align_up(size_t(n_rows) * K, 256))};
+  const dim3 grid(unsigned((K / act_block + 3) / 4), unsigned(n_rows));
+  if (act_block == 32) {
+    quantize_q8_0_kernel<<<grid, 128, 0, s>>>(x, K, n_rows, a.q, a.d);
+  } else {
+    quantize_q8_k_kernel<<<grid, 128, 0, s>>>(x, K, n_rows, a.q, a.d);
   }
+  return a;
 }
 
 Status check_matrix(const DevMatrix &w, const char *op) {
@@ -453,16 +450,9 @@ Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode 
     return launch_status("cuda::matmul (f32)");
   }
   if (scratch == nullptr) return bad_arg("cuda::matmul: Q8 mode needs scratch (matmul_scratch_bytes)");
-  const int bs = tg.act_block;
-  auto *xq = static_cast<int8_t *>(scratch);
-  auto *xd = reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + align_up(size_t(n_rows) * K, 256));
-  const int64_t nb = K / bs;
-  const dim3 qgrid(unsigned((nb + 3) / 4), unsigned(n_rows));
-  if (bs == 32) {
-    quantize_q8_0_kernel<<<qgrid, 128, 0, s>>>(x, K, n_rows, xq, xd);
-  } else {
-    quantize_q8_k_kernel<<<qgrid, 128, 0, s>>>(x, K, n_rows, xq, xd);
-  }
+  const QuantizedActs qa = quantize_acts(x, K, n_rows, tg.act_block, scratch, s);
+  const int8_t *xq = qa.q;
+  const float *xd = qa.d;
   GEIST_RETURN_IF_ERROR(launch_status("cuda::matmul (quantize activations)"));
   if (kquant_fast_path(w.type) && !reference_kernels()) {
     matmul_kquant(w, xq, xd, y, n_rows, s);
@@ -490,15 +480,12 @@ Status matmul_n(const DevMatrix *ws, float *const *ys, int n_mat, const float *x
     for (int m = 0; m < n_mat; ++m) GEIST_RETURN_IF_ERROR(matmul(ws[m], x, ys[m], n_rows, mode, scratch, s));
     return Status::ok();
   }
-  const int64_t K = ws[0].n_in, nb = K / 256;
-  auto *xq = static_cast<int8_t *>(scratch);
-  auto *xd = reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + align_up(size_t(n_rows) * K, 256));
-  quantize_q8_k_kernel<<<dim3(unsigned((nb + 3) / 4), unsigned(n_rows)), 128, 0, s>>>(x, K, n_rows, xq, xd);
+  const QuantizedActs qa = quantize_acts(x, ws[0].n_in, n_rows, 256, scratch, s);
   GEIST_RETURN_IF_ERROR(launch_status("cuda::matmul_n (quantize activations)"));
   for (int m0 = 0; m0 < n_mat;) {
     int m1 = m0 + 1;
     while (m1 < n_mat && ws[m1].type == ws[m0].type) ++m1;
-    matmul_kquant_n(ws + m0, ys + m0, m1 - m0, xq, xd, n_rows, s);
+    matmul_kquant_n(ws + m0, ys + m0, m1 - m0, qa.q, qa.d, n_rows, s);
     m0 = m1;
   }
   return launch_status("cuda::matmul_n (k-quant)");

@@ -470,14 +470,8 @@ __global__ void __launch_bounds__(128)
 
 template <class F>
 bool dispatch_kquant(GgmlType t, F &&f) {
-  switch (t) {
-    case GgmlType::Q2_K: f(std::integral_constant<GgmlType, GgmlType::Q2_K>{}); return true;
-    case GgmlType::Q3_K: f(std::integral_constant<GgmlType, GgmlType::Q3_K>{}); return true;
-    case GgmlType::Q4_K: f(std::integral_constant<GgmlType, GgmlType::Q4_K>{}); return true;
-    case GgmlType::Q5_K: f(std::integral_constant<GgmlType, GgmlType::Q5_K>{}); return true;
-    case GgmlType::Q6_K: f(std::integral_constant<GgmlType, GgmlType::Q6_K>{}); return true;
-    default: return false;
-  }
+  using G = GgmlType;
+  return dispatch_among<G, G::Q2_K, G::Q3_K, G::Q4_K, G::Q5_K, G::Q6_K>(t, std::forward<F>(f));
 }
 
 template <GgmlType T, int R>
