@@ -7,7 +7,6 @@
 // needs no CUDA headers.
 #include <algorithm>
 #include <array>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -488,9 +487,10 @@ class CudaExec final : public Exec {
   }
 
   void run_ops() {
+    double t0 = 0;
     if (profile_) {
       (void)cuda::stream_sync(stream_);
-      prof_t_ = now_seconds();
+      t0 = now_seconds();
     }
     for (const Op &op : ops_) {
       if (!error_.is_ok()) return;
@@ -498,8 +498,8 @@ class CudaExec final : public Exec {
       if (profile_) {
         (void)cuda::stream_sync(stream_);
         const double t = now_seconds();
-        prof_.add(profile_label(op.label.empty() ? std::string(op.what) : op.label, n_rows_), t - prof_t_);
-        prof_t_ = t;
+        prof_.add(profile_label(op.label.empty() ? std::string(op.what) : op.label, n_rows_), t - t0);
+        t0 = t;
       }
     }
   }
@@ -576,7 +576,6 @@ class CudaExec final : public Exec {
   std::vector<Graph> cache_;
   std::vector<std::pair<uint64_t, size_t>> seen_;
   uint64_t clock_ = 0;
-  double prof_t_ = 0;
   OpProfile prof_;
 };
 
