@@ -849,7 +849,7 @@ CUDA_TEST(CudaOps, DISABLED_Perf) {
   std::mt19937 rng(3);
   cu::CudaStream s = cuda_env().s;
   const int64_t k = 2560, n = 10240;  // Gemma 4 E4B's FFN up/gate
-  DevBuf dx(random_acts(512, k, rng)), dy(size_t(512) * n * 4);
+  DevBuf dx(random_acts(512, n, rng)), dy(size_t(512) * n * 4);
   {
     // The ceiling for streaming weights: a device-to-device copy of 1 GiB (read + write).
     const size_t bytes = size_t(1) << 30;
@@ -857,7 +857,19 @@ CUDA_TEST(CudaOps, DISABLED_Perf) {
     const double ms = time_ms([&] { (void)cu::copy_async(b.as(), a.as(), bytes, s); }, 5);
     std::printf("PERF copy 1 GiB device to device: %8.3f ms  %7.1f GB/s (read + write)\n", ms, 2.0 * bytes / (ms * 1e6));
   }
-  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16}) {
+  struct Shape {
+    GgmlType t;
+    int64_t k, n;
+    bool f32;
+  };
+  // E4B's FFN gate/up in four types, then its down and attention output projections.
+  const Shape shapes[] = {{GgmlType::Q4_K, k, n, true},       {GgmlType::Q6_K, k, n, true},
+                          {GgmlType::Q8_0, k, n, true},       {GgmlType::F16, k, n, true},
+                          {GgmlType::Q4_K, n, k, false},      {GgmlType::Q6_K, n, k, false},
+                          {GgmlType::Q4_K, 2048, 2560, false}};
+  for (const Shape &sh : shapes) {
+    const GgmlType t = sh.t;
+    const int64_t k = sh.k, n = sh.n;
     const std::vector<uint8_t> w1 = random_matrix(t, k, n, rng);
     // 8 copies, used in turn, so that the weights come from HBM and not the 50 MB L2.
     std::vector<uint8_t> w;
@@ -866,7 +878,8 @@ CUDA_TEST(CudaOps, DISABLED_Perf) {
     const cu::DevMatrix m = dev_matrix(dw, t, k, n);
     DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m, 512)));
     for (cu::ActMode mode : {cu::ActMode::Q8, cu::ActMode::F32}) {
-      for (int rows : {1, 2, 4, 8, 9, 16, 64, 65, 512}) {
+      if (mode == cu::ActMode::F32 && !sh.f32) continue;
+      for (int rows : {1, 2, 4, 8, 9, 16, 17, 32, 33, 64, 65, 128, 512}) {
         int turn = 0;
         const double ms = time_ms(
             [&] {

@@ -1,5 +1,6 @@
 // Fast Q8-mode matmul for the K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): a matrix-vector
-// kernel for 1-8 activation rows (decode) and an int8 tensor-core kernel for more (prefill).
+// kernel for a few activation rows (decode), an int8 tensor-core kernel for up to 32 rows per
+// launch whose weights are the MMA's A operand, and a 64 x 64 tile tensor-core kernel (prefill).
 //
 // Both give the bits of quant/dot.cpp's dot_unpacked, as the reference kernel of matmul.cu
 // does: per super-block b of 256 elements the integer sums
@@ -15,6 +16,8 @@
 // sum_j mn_j * sum_j(q). The quants of a sub-block are small signed bytes, so dot_j is a
 // run of dp4a (matrix-vector) or one int8 MMA (m16n8k32 or m16n8k16) per tile.
 #include <cuda_runtime.h>
+
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/matmul_kquant.cuh"
@@ -468,6 +471,300 @@ __global__ void __launch_bounds__(128)
   }
 }
 
+// ---- few rows on int8 tensor cores ("skinny": up to 32 rows per launch) ---------------------
+// The weights are the MMA's A operand (16 outputs per warp) and the activations its B operand
+// (8 rows per tile), so a chunk of 9..32 rows costs a few MMAs more than one row instead of
+// a whole 64-row tile. Each lane loads its fragments straight from global memory: within a
+// sub-block, MMA k index 4 tq + i (and 16 + 4 tq + i) holds element 8 tq + i (8 tq + 4 + i)
+// for 32-element sub-blocks and 4 tq + i for 16-element ones, on both operands alike, so the
+// integer dot of the sub-block is unchanged. The warps of a block share 16 outputs and split
+// the super-blocks; after each round the block adds the round's f32 block terms to its sums
+// in block order, as dot_unpacked does.
+
+constexpr int kSkWarps = 8;
+
+// The lane's quants of output row `blk` for every sub-block: 32-element sub-blocks j in
+// q[2 j], q[2 j + 1]; 16-element ones in q[j].
+template <GgmlType T>
+__device__ __forceinline__ void frag_quants(const uint8_t *b, int tq, uint32_t q[16]) {
+  auto ld4 = [](const uint8_t *p) {  // 4 bytes from a 2-byte aligned address
+    const auto *h = reinterpret_cast<const uint16_t *>(p);
+    return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
+  };
+  if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+    const uint8_t *qs = b + (T == GgmlType::Q4_K ? 16 : 48);
+    uint2 hv = make_uint2(0, 0);
+    if constexpr (T == GgmlType::Q5_K) hv = *reinterpret_cast<const uint2 *>(b + 16 + 8 * tq);
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const uint2 v = *reinterpret_cast<const uint2 *>(qs + 32 * p + 8 * tq);
+      uint32_t lo0 = v.x & 0x0F0F0F0Fu, lo1 = v.y & 0x0F0F0F0Fu;
+      uint32_t hi0 = (v.x >> 4) & 0x0F0F0F0Fu, hi1 = (v.y >> 4) & 0x0F0F0F0Fu;
+      if constexpr (T == GgmlType::Q5_K) {
+        lo0 |= ((hv.x >> (2 * p)) & 0x01010101u) << 4;
+        lo1 |= ((hv.y >> (2 * p)) & 0x01010101u) << 4;
+        hi0 |= ((hv.x >> (2 * p + 1)) & 0x01010101u) << 4;
+        hi1 |= ((hv.y >> (2 * p + 1)) & 0x01010101u) << 4;
+      }
+      q[4 * p] = lo0;
+      q[4 * p + 1] = lo1;
+      q[4 * p + 2] = hi0;
+      q[4 * p + 3] = hi1;
+    }
+  } else if constexpr (T == GgmlType::Q6_K) {
+    // Element l of half h: ql[64 h + l % 64] nibble l / 64, qh[32 h + l % 32] bits 2 (l / 32).
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t qh[2];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) qh[u] = ld4(b + 128 + 32 * h + 16 * u + 4 * tq);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {  // l0 % 64 = 16 u: sub-blocks 8 h + u (low nibble), 8 h + 4 + u (high)
+        const uint32_t l = ld4(b + 64 * h + 16 * u + 4 * tq);
+        const uint32_t hb = qh[u % 2];
+        const int s_lo = 2 * (u / 2), s_hi = 2 * (2 + u / 2);
+        q[8 * h + u] = __vsub4((l & 0x0F0F0F0Fu) | (((hb >> s_lo) & 0x03030303u) << 4), 0x20202020u);
+        q[8 * h + 4 + u] = __vsub4(((l >> 4) & 0x0F0F0F0Fu) | (((hb >> s_hi) & 0x03030303u) << 4), 0x20202020u);
+      }
+    }
+  } else if constexpr (T == GgmlType::Q3_K) {
+    // Element l of half h: qs[32 + 32 h + l % 32] bits 2 (l / 32), hmask[l % 32] bit 4 h + l / 32.
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const uint32_t hm = ld4(b + 16 * u + 4 * tq);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t v = ld4(b + 32 + 32 * h + 16 * u + 4 * tq);
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {  // sub-block 8 h + 2 s + u
+          q[8 * h + 2 * s + u] =
+              __vsub4(((v >> (2 * s)) & 0x03030303u) | (((hm >> (4 * h + s)) & 0x01010101u) << 2), 0x04040404u);
+        }
+      }
+    }
+  } else if constexpr (T == GgmlType::Q2_K) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const uint32_t v = ld4(b + 16 + 32 * h + 16 * u + 4 * tq);
+#pragma unroll
+        for (int s = 0; s < 4; ++s) q[8 * h + 2 * s + u] = (v >> (2 * s)) & 0x03030303u;
+      }
+    }
+  }
+}
+
+// The scale bytes of a super-block in registers (up to 16), and sub_scale from them.
+template <GgmlType T>
+__device__ __forceinline__ void load_scales(const uint8_t *b, uint32_t sw[4]) {
+  auto ld4 = [](const uint8_t *p) {
+    const auto *h = reinterpret_cast<const uint16_t *>(p);
+    return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
+  };
+  if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+    const uint32_t *p = reinterpret_cast<const uint32_t *>(b + 4);  // 16-byte aligned blocks
+    sw[0] = p[0];
+    sw[1] = p[1];
+    sw[2] = p[2];
+    sw[3] = 0;
+  } else {
+    const uint8_t *p = b + (T == GgmlType::Q6_K ? 192 : T == GgmlType::Q3_K ? 96 : 0);
+    sw[0] = ld4(p);
+    sw[1] = ld4(p + 4);
+    sw[2] = ld4(p + 8);
+    sw[3] = T == GgmlType::Q3_K ? 0 : ld4(p + 12);
+  }
+}
+
+template <GgmlType T>
+__device__ __forceinline__ void reg_scale(const uint32_t sw[4], int j, int *sc, int *mn) {
+  auto by = [&](int i) { return int((sw[i / 4] >> (8 * (i % 4))) & 0xFFu); };
+  if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+    if (j < 4) {
+      *sc = by(j) & 0x3F;
+      *mn = by(j + 4) & 0x3F;
+    } else {
+      *sc = (by(j + 4) & 0x0F) | ((by(j - 4) >> 6) << 4);
+      *mn = (by(j + 4) >> 4) | ((by(j) >> 6) << 4);
+    }
+  } else if constexpr (T == GgmlType::Q6_K) {
+    *sc = int(int8_t(by(j)));
+    *mn = 0;
+  } else if constexpr (T == GgmlType::Q3_K) {
+    *sc = (((by(j % 8) >> (4 * (j / 8))) & 0x0F) | (((by(8 + j % 4) >> (2 * (j / 4))) & 0x03) << 4)) - 32;
+    *mn = 0;
+  } else if constexpr (T == GgmlType::Q2_K) {
+    *sc = by(j) & 0x0F;
+    *mn = by(j) >> 4;
+  }
+}
+
+// What a lane holds of one super-block of its two outputs (g and g + 8).
+struct SkBlock {
+  uint32_t qa[16], qb[16], sa[4], sb[4];
+  float dw[2], dm[2];
+};
+
+template <GgmlType T>
+__device__ __forceinline__ void sk_load(const uint8_t *blk0, const uint8_t *blk1, bool ok0, bool ok1, int tq,
+                                        SkBlock &k) {
+  using L = KQ<T>;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) k.qa[i] = k.qb[i] = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) k.sa[i] = k.sb[i] = 0;
+  k.dw[0] = k.dw[1] = k.dm[0] = k.dm[1] = 0.0f;
+  if (ok0) {
+    frag_quants<T>(blk0, tq, k.qa);
+    load_scales<T>(blk0, k.sa);
+    k.dw[0] = dev::fp16_to_fp32(*reinterpret_cast<const uint16_t *>(blk0 + L::kDOff));
+    if constexpr (L::kDminOff >= 0) k.dm[0] = dev::fp16_to_fp32(*reinterpret_cast<const uint16_t *>(blk0 + L::kDminOff));
+  }
+  if (ok1) {
+    frag_quants<T>(blk1, tq, k.qb);
+    load_scales<T>(blk1, k.sb);
+    k.dw[1] = dev::fp16_to_fp32(*reinterpret_cast<const uint16_t *>(blk1 + L::kDOff));
+    if constexpr (L::kDminOff >= 0) k.dm[1] = dev::fp16_to_fp32(*reinterpret_cast<const uint16_t *>(blk1 + L::kDminOff));
+  }
+}
+
+// The f32 block terms of super-block b for the lane's 4 NR (output, row) pairs, into v.
+template <GgmlType T, int NR>
+__device__ __forceinline__ void sk_terms(const SkBlock &k, int64_t b, int64_t K, const int8_t *__restrict__ xq,
+                                         const float *__restrict__ xd, int n_rows, int g, int tq, float *v) {
+  using L = KQ<T>;
+  constexpr int kNSub = 256 / L::kSub;
+  constexpr bool kMin = L::kDminOff >= 0;
+  const int64_t nb = K / 256;
+  int isum[NR][4], msum[NR][4];
+#pragma unroll
+  for (int t = 0; t < NR; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) isum[t][e] = msum[t][e] = 0;
+#pragma unroll
+  for (int j = 0; j < kNSub; ++j) {
+    int sc0, mn0, sc1, mn1;
+    reg_scale<T>(k.sa, j, &sc0, &mn0);
+    reg_scale<T>(k.sb, j, &sc1, &mn1);
+    uint32_t a[4], am[4];
+    if constexpr (L::kSub == 32) {
+      a[0] = k.qa[2 * j];
+      a[1] = k.qb[2 * j];
+      a[2] = k.qa[2 * j + 1];
+      a[3] = k.qb[2 * j + 1];
+    } else {
+      a[0] = k.qa[j];
+      a[1] = k.qb[j];
+    }
+    if constexpr (kMin) {
+      am[0] = am[2] = uint32_t(mn0) * 0x01010101u;
+      am[1] = am[3] = uint32_t(mn1) * 0x01010101u;
+    }
+#pragma unroll
+    for (int t = 0; t < NR; ++t) {
+      const int r = 8 * t + g;
+      uint32_t bf[2] = {0, 0};
+      if (r < n_rows) {
+        const int8_t *xs = xq + size_t(r) * K + b * 256 + j * L::kSub;
+        if constexpr (L::kSub == 32) {
+          const int2 xv = *reinterpret_cast<const int2 *>(xs + 8 * tq);
+          bf[0] = uint32_t(xv.x);
+          bf[1] = uint32_t(xv.y);
+        } else {
+          bf[0] = *reinterpret_cast<const uint32_t *>(xs + 4 * tq);
+        }
+      }
+      int c[4];
+      if constexpr (L::kSub == 32) {
+        mma_k32(a, bf, c);
+      } else {
+        mma_k16(a, bf[0], c);
+      }
+      isum[t][0] += sc0 * c[0];
+      isum[t][1] += sc0 * c[1];
+      isum[t][2] += sc1 * c[2];
+      isum[t][3] += sc1 * c[3];
+      if constexpr (kMin) {
+        if constexpr (L::kSub == 32) {
+          mma_k32(am, bf, c);
+        } else {
+          mma_k16(am, bf[0], c);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) msum[t][e] += c[e];
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NR; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = 8 * t + 2 * tq + (e & 1);
+      const float dx = r < n_rows ? xd[size_t(r) * nb + b] : 0.0f;
+      v[4 * t + e] = block_term<T>(k.dw[e / 2], k.dm[e / 2], dx, isum[t][e], msum[t][e]);
+    }
+  }
+}
+
+// A block: 16 outputs, kSkWarps warps; a round covers kSkRound super-blocks, warp w taking
+// r0 + w + kSkWarps i (i < kSkPer), all of whose loads are issued before any is used.
+constexpr int kSkPer = 2, kSkRound = kSkWarps * kSkPer;
+
+template <GgmlType T, int NR>
+__global__ void __launch_bounds__(kSkWarps * 32)
+    matmul_skinny_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
+                         const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y,
+                         int n_rows) {
+  using L = KQ<T>;
+  constexpr int kE = 4 * NR;  // f32 terms per lane: NR tiles x 4 accumulators
+  __shared__ float vs[kSkRound][32 * kE];
+  __shared__ float acc[32 * kE];
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, tq = lane % 4;
+  const int64_t n0 = int64_t(blockIdx.x) * 16;
+  const int64_t nb = K / 256;
+  const bool ok0 = n0 + g < n_out, ok1 = n0 + g + 8 < n_out;
+  const uint8_t *w0 = w + size_t(ok0 ? n0 + g : 0) * row_bytes;
+  const uint8_t *w1 = w + size_t(ok1 ? n0 + g + 8 : 0) * row_bytes;
+  for (int f = threadIdx.x; f < 32 * kE; f += kSkWarps * 32) acc[f] = 0.0f;
+
+  for (int64_t r0 = 0; r0 < nb; r0 += kSkRound) {
+    SkBlock k[kSkPer];
+#pragma unroll
+    for (int i = 0; i < kSkPer; ++i) {
+      const int64_t b = r0 + warp + kSkWarps * i;
+      if (b < nb) sk_load<T>(w0 + b * L::kBytes, w1 + b * L::kBytes, ok0, ok1, tq, k[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kSkPer; ++i) {
+      const int64_t b = r0 + warp + kSkWarps * i;
+      if (b < nb) {
+        float v[kE];
+        sk_terms<T, NR>(k[i], b, K, xq, xd, n_rows, g, tq, v);
+#pragma unroll
+        for (int e = 0; e < kE; ++e) vs[warp + kSkWarps * i][lane * kE + e] = v[e];
+      }
+    }
+    __syncthreads();
+    // The round's terms, added in block order.
+    const int nw = nb - r0 < kSkRound ? int(nb - r0) : kSkRound;
+    for (int f = threadIdx.x; f < 32 * kE; f += kSkWarps * 32) {
+      float s = acc[f];
+      for (int u = 0; u < nw; ++u) s = __fadd_rn(s, vs[u][f]);
+      acc[f] = s;
+    }
+    __syncthreads();
+  }
+  for (int f = threadIdx.x; f < 32 * kE; f += kSkWarps * 32) {
+    const int ln = f / kE, e4 = f % kE, t = e4 / 4, e = e4 % 4;
+    const int r = 8 * t + 2 * (ln % 4) + (e & 1);
+    const int64_t o = n0 + ln / 4 + 8 * (e / 2);
+    if (r < n_rows && o < n_out) y[size_t(r) * n_out + o] = acc[f];
+  }
+}
+
 template <class F>
 bool dispatch_kquant(GgmlType t, F &&f) {
   using G = GgmlType;
@@ -498,13 +795,56 @@ int kquant_mma_min_rows() {
   return v;
 }
 
+namespace {
+int env_rows(const char *name, int dflt) {
+  const char *e = std::getenv(name);
+  if (e == nullptr || *e == '\0') return dflt;
+  char *end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  return (*end == '\0' && v >= 0 && v <= (1 << 20)) ? int(v) : dflt;
+}
+}  // namespace
+
+int kquant_matvec_max_rows() {
+  static const int v = env_rows("GEIST_CUDA_MATVEC_ROWS", 2);
+  return v;
+}
+
+int kquant_skinny_max_rows() {
+  static const int v = env_rows("GEIST_CUDA_SKINNY_ROWS", 64);
+  return v;
+}
+
 void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd, int n_rows,
                      CudaStream s) {
   if (n_mat <= 0) return;
   dispatch_kquant(ws[0].type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
     const int64_t K = ws[0].n_in;
-    if (n_rows >= kquant_mma_min_rows()) {
+    const bool mma = kquant_mma_min_rows() < (1 << 30);
+    if (mma && n_rows > kquant_matvec_max_rows() && n_rows <= kquant_skinny_max_rows()) {
+      for (int m = 0; m < n_mat; ++m) {
+        const dim3 grid(unsigned((ws[m].n_out + 15) / 16));
+        for (int r = 0; r < n_rows; r += 32) {
+          const int nr = n_rows - r < 32 ? n_rows - r : 32;
+          const int8_t *xr = xq + size_t(r) * K;
+          const float *dr = xd + size_t(r) * (K / 256);
+          float *yr = ys[m] + size_t(r) * ws[m].n_out;
+          auto go = [&](auto kernel) {
+            kernel<<<grid, kSkWarps * 32, 0, s>>>(ws[m].data, ws[m].row_bytes, K, ws[m].n_out, xr, dr, yr, nr);
+          };
+          if (nr <= 8) {
+            go(matmul_skinny_kernel<T, 1>);
+          } else if (nr <= 16) {
+            go(matmul_skinny_kernel<T, 2>);
+          } else {
+            go(matmul_skinny_kernel<T, 4>);
+          }
+        }
+      }
+      return;
+    }
+    if (n_rows >= kquant_mma_min_rows() && n_rows > kquant_matvec_max_rows()) {
       for (int m = 0; m < n_mat; ++m) {
         const dim3 grid(unsigned((ws[m].n_out + kTile - 1) / kTile), unsigned((n_rows + kTile - 1) / kTile));
         matmul_mma_kernel<T><<<grid, 128, 0, s>>>(ws[m].data, ws[m].row_bytes, K, ws[m].n_out, xq, xd, ys[m], n_rows);

@@ -10,6 +10,11 @@ namespace geist::cuda {
 
 // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 bool kquant_fast_path(quant::GgmlType t);
+// Row counts each kernel takes (tuning knobs, no effect on the bits): up to
+// GEIST_CUDA_MATVEC_ROWS (default 2) the dp4a matvec; up to GEIST_CUDA_SKINNY_ROWS (default
+// 64) the few-rows MMA kernel; above, the 64 x 64 tile kernel (int8 MMA needs sm_80).
+int kquant_matvec_max_rows();
+int kquant_skinny_max_rows();
 // y = W x with dot_unpacked's bits; enqueues on s (launch errors: cudaGetLastError).
 void matmul_kquant(const DevMatrix &w, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s);
 // The same for n_mat matrices of one K-quant type and one K sharing the activations.
