@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "backends/cpu/ops.h"
+#include "decode_batch_check.h"
 #include "engine/model.h"
 #include "engine/session.h"
 #include "test_util.h"
@@ -275,6 +276,17 @@ TEST(CudaModel, BatchInvariantBitForBit) {
     }
     for (auto &x : th) x.join();
     for (int t = 0; t < 4; ++t) EXPECT_TRUE(same_bits(got[t], ref)) << base(path) << " concurrent session " << t;
+  }
+}
+
+// Sessions decoding together in one step (Session::decode_batch), and sequences of several
+// rows sharing a step: each bit-identical to running alone, on the device.
+TEST(CudaModel, DecodeBatchEqualsDecodingAlone) {
+  const std::vector<std::string> paths = model_paths();
+  for (size_t i = 0; i < kCommittedModels; ++i) {
+    LOAD_CUDA_OR_SKIP(gpu, paths[i]);
+    test::expect_decode_batch_equals_alone(*gpu, base(paths[i]), 1);
+    test::expect_mixed_step_equals_alone(*gpu, base(paths[i]));
   }
 }
 

@@ -283,6 +283,20 @@ GEIST_API geist_status geist_session_clear(geist_session *s);
  * GEIST_E_CONTEXT_FULL      the context has no room for one more token */
 GEIST_API geist_status geist_session_decode_step(geist_session *s, geist_token *out);
 
+/* geist_session_decode_step for n sessions of one model in a single forward step: the
+ * weights are read once for all of them, which is how a server decodes many requests at
+ * once. out[i] is session i's token. Each session samples from its own logits with its
+ * own sampling params, and its new logits are bit-identical to a decode_step of it alone.
+ * The step runs on sessions[0]'s buffers, so n is at most that session's chunk
+ * (geist_session_params.chunk). The calling thread holds every session for the call.
+ * Checked before anything changes:
+ * GEIST_E_INVALID_ARGUMENT  sessions or out NULL, n 0, a NULL or repeated session, sessions
+ *                           of different models, n above the chunk
+ * GEIST_E_STATE             a session without logits, or in use by another thread
+ * GEIST_E_CONTEXT_FULL      a session whose context has no room for one more token
+ * A device error takes every session back to its pin (or empty), as decode_step does. */
+GEIST_API geist_status geist_decode_batch(geist_session *const *sessions, size_t n, geist_token *out);
+
 /* Sample a token from the current logits without appending it (the RNG advances and the
  * token enters the repetition history). GEIST_E_STATE if there are no logits. */
 GEIST_API geist_status geist_session_sample(geist_session *s, geist_token *out);

@@ -191,6 +191,14 @@ class Session {
   Error clear() { return err(geist_session_clear(s_)); }
   Error decode_step(geist_token *out) { return err(geist_session_decode_step(s_, out)); }
   Error sample(geist_token *out) { return err(geist_session_sample(s_, out)); }
+  // geist_decode_batch: one token for each session in one step; out[i] is sessions[i]'s.
+  static Error decode_batch(const std::vector<Session *> &sessions, std::vector<geist_token> *out) {
+    std::vector<geist_session *> ss;
+    ss.reserve(sessions.size());
+    for (Session *s : sessions) ss.push_back(s ? s->s_ : nullptr);
+    out->resize(sessions.size());
+    return detail::from(geist_decode_batch(ss.data(), ss.size(), out->data()));
+  }
   Error set_sampling(const geist_sampling_params &p) { return err(geist_session_set_sampling(s_, &p)); }
 
   // nullptr when the session has no logits.

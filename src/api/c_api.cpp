@@ -455,6 +455,40 @@ geist_status geist_session_decode_step(geist_session *s, geist_token *out) {
   return guarded(s, [&] { return report(s->session->decode_step(out), s); });
 }
 
+geist_status geist_decode_batch(geist_session *const *sessions, size_t n, geist_token *out) {
+  if (sessions == nullptr || out == nullptr || n == 0) {
+    return fail(GEIST_E_INVALID_ARGUMENT, "geist_decode_batch needs sessions, n >= 1 and out");
+  }
+  return guarded(nullptr, [&]() -> geist_status {
+    for (size_t i = 0; i < n; ++i) {
+      if (sessions[i] == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "session " + std::to_string(i) + " is NULL");
+    }
+    // Hold every session for the call (a repeated one is refused by Session::decode_batch,
+    // so it is checked before it would be taken twice).
+    std::vector<geist::Session *> ss(n);
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t k = 0; k < i; ++k) {
+        if (sessions[k] == sessions[i]) {
+          return fail(GEIST_E_INVALID_ARGUMENT,
+                      "sessions " + std::to_string(k) + " and " + std::to_string(i) + " are the same");
+        }
+      }
+      ss[i] = sessions[i]->session.get();
+    }
+    std::vector<std::unique_ptr<InUse>> held;
+    held.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      held.push_back(std::make_unique<InUse>(sessions[i]));
+      if (!held.back()->ok()) return InUse::refuse();
+    }
+    const geist::Status st = geist::Session::decode_batch(ss.data(), n, out);
+    if (!st.is_ok()) {
+      for (size_t i = 0; i < n; ++i) (void)report(st, sessions[i]);
+    }
+    return report(st);
+  });
+}
+
 geist_status geist_session_sample(geist_session *s, geist_token *out) {
   GEIST_SESSION_ENTER(s);
   return guarded(s, [&] { return report(s->session->sample(out), s); });

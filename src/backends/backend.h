@@ -40,6 +40,16 @@ struct Act {
   Act rows_from(int64_t r) const { return {p + r * width, width}; }
 };
 
+// The rows of one step may belong to several sequences (sessions decoding together): a
+// sequence is the next n_rows rows of the step, at positions kv->n_past, kv->n_past + 1, ...
+// of its own KV store. Rows are independent in every op but kv_append and attention,
+// which each sequence runs against its own store, so a row's result is the same whatever
+// else shares its step.
+struct StepSeq {
+  KvStore *kv = nullptr;
+  int n_rows = 0;
+};
+
 class Exec {
  public:
   virtual ~Exec() = default;
@@ -58,9 +68,12 @@ class Exec {
   // captured into a graph the second time it is seen). 0: none needed.
   virtual int warm_up_steps() const { return 0; }
 
-  // One forward call: n_rows tokens (ids checked by the caller) at positions
-  // pos0 .. pos0 + n_rows - 1. The pointer must stay valid until end_step.
-  virtual void begin_step(const int32_t *tokens, int n_rows, int64_t pos0) = 0;
+  // Rows a step may have (the session's chunk).
+  virtual int max_rows() const = 0;
+  // One forward call: n_rows tokens (ids checked by the caller) of the sequences seqs[0..n_seqs)
+  // (their n_rows add up to n_rows), each at its store's positions. The pointers must stay
+  // valid until end_step.
+  virtual void begin_step(const int32_t *tokens, int n_rows, const StepSeq *seqs, int n_seqs) = 0;
   // The RoPE rows (cos, sin) of the step's positions from a table: [n_rows][rot_dim], in
   // scratch slot `slot`. Computed on the host (double angles, the same bits everywhere).
   virtual Act rope_rows(int slot, const cpu::RopeTable &t) = 0;
@@ -91,12 +104,13 @@ class Exec {
   }
   // NEOX rotary embedding in place on x [n_rows][n_heads][head_dim] with rows cs (rope_rows).
   virtual void rope(Act x, int n_rows, int n_heads, int head_dim, int rot_dim, Act cs) = 0;
-  // Store K and V rows [n_rows][row_floats] of layer l at the step's positions.
-  virtual void kv_append(KvStore &kv, int l, Act k, Act v, int n_rows) = 0;
-  // Causal attention of q [n_rows][n_head][head_dim] at the step's positions over layer l
-  // of kv (window W > 0: the last W positions), GQA by kv's row width.
-  virtual void attention(const KvStore &kv, int l, Act q, Act out, int n_rows, int n_head, int head_dim,
-                         int window, float scale) = 0;
+  // Store the step's K and V rows [n_rows][row_floats] as layer l of each sequence's store,
+  // at the sequence's positions.
+  virtual void kv_append(int l, Act k, Act v) = 0;
+  // Causal attention of the step's q [n_rows][n_head][head_dim], each sequence's rows at
+  // its positions over layer l of its own store (window W > 0: the last W positions), GQA
+  // by the store's row width.
+  virtual void attention(int l, Act q, Act out, int n_head, int head_dim, int window, float scale) = 0;
   // Elementwise over n floats: out = gelu_tanh(gate) * up; x += y; x *= s;
   // x = (x + y) * s; x = cap * tanh(x / cap).
   virtual void gelu_mul(Act gate, Act up, Act out, int64_t n) = 0;

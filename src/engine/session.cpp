@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "base/thread_pool.h"
 #include "base/timer.h"
@@ -242,6 +243,63 @@ Status Session::decode_step(int32_t *out) {
   stats_.last_decode_seconds = t.seconds();
   stats_.decode_seconds += stats_.last_decode_seconds;
   stats_.n_decode_tokens += 1;
+  return Status::ok();
+}
+
+Status Session::decode_batch(Session *const *sessions, size_t n, int32_t *out) {
+  if (sessions == nullptr || out == nullptr || n == 0) {
+    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "decode_batch needs sessions, n >= 1 and out");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const Session *s = sessions[i];
+    if (s == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "session %zu is NULL", i);
+    if (&s->model_ != &sessions[0]->model_) {
+      return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "session %zu belongs to another model than session 0", i);
+    }
+    for (size_t k = 0; k < i; ++k) {
+      if (sessions[k] == s) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "sessions %zu and %zu are the same", k, i);
+    }
+    if (!s->has_logits_) return GEIST_ERROR(GEIST_E_STATE, "session %zu has no logits to sample from: prefill first", i);
+    if (s->tokens_.size() + 1 > static_cast<size_t>(s->cache_->n_ctx())) {
+      return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "session %zu: the context of %lld tokens is full", i,
+                         (long long)s->cache_->n_ctx());
+    }
+  }
+  Session &lead = *sessions[0];
+  if (n > static_cast<size_t>(lead.exec_->max_rows())) {
+    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "%zu sessions in one step; session 0's chunk takes up to %d", n,
+                       lead.exec_->max_rows());
+  }
+  Timer t;
+  const size_t n_vocab = static_cast<size_t>(lead.n_vocab());
+  // Everything that may throw comes before the samplers draw.
+  for (size_t i = 0; i < n; ++i) sessions[i]->reserve_tokens(1);
+  std::vector<int32_t> toks(n);
+  std::vector<StepSeq> seqs(n);
+  std::unique_ptr<float[]> logits(new float[n * n_vocab]);
+  for (size_t i = 0; i < n; ++i) {
+    Session &s = *sessions[i];
+    toks[i] = s.sampler_.sample(s.logits_.data(), s.n_vocab());
+    seqs[i] = {s.cache_.get(), 1};
+  }
+  models::ArchModel::LogitRows rows;
+  rows.out = logits.get();
+  rows.last_of_each_seq = true;
+  const Status st = lead.model_.arch().forward(toks.data(), seqs.data(), int(n), *lead.exec_, rows);
+  if (!st.is_ok()) {
+    for (size_t i = 0; i < n; ++i) sessions[i]->recover(1);
+    return st;
+  }
+  const double seconds = t.seconds();
+  for (size_t i = 0; i < n; ++i) {
+    Session &s = *sessions[i];
+    s.tokens_.push_back(toks[i]);
+    std::memcpy(s.logits_.data(), logits.get() + i * n_vocab, n_vocab * sizeof(float));
+    out[i] = toks[i];
+    s.stats_.last_decode_seconds = seconds;  // the step's wall time, which each session waited
+    s.stats_.decode_seconds += seconds;
+    s.stats_.n_decode_tokens += 1;
+  }
   return Status::ok();
 }
 

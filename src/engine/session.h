@@ -79,6 +79,15 @@ class Session {
   // Sample from the current logits, append the token, compute the next logits.
   // GEIST_E_STATE without logits, GEIST_E_CONTEXT_FULL when no room is left.
   Status decode_step(int32_t *out);
+  // decode_step for n sessions of one model in a single forward step, which reads the
+  // weights once for all of them; out[i] is session i's token. Each session samples from
+  // its own logits with its own sampler, and its new logits are bit-identical to a
+  // decode_step of it alone. The step runs on sessions[0]'s exec, so n <= its chunk.
+  // Checked before anything changes: GEIST_E_INVALID_ARGUMENT (n 0, a null or repeated
+  // session, sessions of different models, n above the chunk), GEIST_E_STATE (a session
+  // without logits), GEIST_E_CONTEXT_FULL (a session without room). A device error takes
+  // every session back to its pin (or empty), as decode_step does.
+  static Status decode_batch(Session *const *sessions, size_t n, int32_t *out);
   // Sample without appending. GEIST_E_STATE without logits.
   Status sample(int32_t *out);
   Status set_sampling(const SamplerParams &p);

@@ -43,14 +43,35 @@ class ArchModel {
   // never allocates.
   virtual void reserve(Exec &ex) const = 0;
 
-  // Run tokens[0..n_rows) at positions kv.n_past .. kv.n_past + n_rows - 1, append their
-  // K/V, advance kv.n_past. If logits != nullptr, write the logits of rows
-  // [first_logit_row, n_rows) to logits: [n_rows - first_logit_row][n_vocab].
-  // Requires 1 <= n_rows <= kv.max_chunk(), kv.n_past + n_rows <= kv.n_ctx(), token ids
-  // < n_vocab (checked: GEIST_E_INVALID_ARGUMENT / GEIST_E_CONTEXT_FULL). On any error
-  // (a device error too) kv.n_past is unchanged.
-  virtual Status forward(const int32_t *tokens, int n_rows, KvStore &kv, Exec &ex, int first_logit_row,
-                         float *logits) const = 0;
+  // One forward pass over the sequences seqs[0..n_seqs) (backend.h's StepSeq: sessions
+  // decoding together, or one session's chunk): tokens holds their rows one sequence after
+  // another; each sequence's rows run at its store's positions n_past.., their K/V is
+  // appended to it and its n_past advances. Logits as `out` says.
+  // Requires each sequence 1 <= n_rows <= kv->max_chunk(), kv->n_past + n_rows <= n_ctx,
+  // distinct stores made for this model, all rows <= ex.max_rows(), token ids < n_vocab
+  // (checked: GEIST_E_INVALID_ARGUMENT / GEIST_E_CONTEXT_FULL). On any error (a device error
+  // too) no store's n_past changes.
+  struct LogitRows {
+    float *out = nullptr;           // nullptr: no logits
+    int first_row = 0;              // rows [first_row, n_rows) of the step: [n][n_vocab] ...
+    bool last_of_each_seq = false;  // ... or the last row of every sequence: [n_seqs][n_vocab]
+  };
+  virtual Status forward(const int32_t *tokens, const StepSeq *seqs, int n_seqs, Exec &ex,
+                         const LogitRows &out) const = 0;
+
+  // One sequence: tokens[0..n_rows) at positions kv.n_past..; the logits of rows
+  // [first_logit_row, n_rows) to logits ([n_rows - first_logit_row][n_vocab]) if it is not
+  // null (first_logit_row outside [0, n_rows]: none).
+  Status forward(const int32_t *tokens, int n_rows, KvStore &kv, Exec &ex, int first_logit_row,
+                 float *logits) const {
+    const StepSeq seq{&kv, n_rows};
+    LogitRows out;
+    if (logits != nullptr && first_logit_row >= 0 && first_logit_row < n_rows) {
+      out.out = logits;
+      out.first_row = first_logit_row;
+    }
+    return forward(tokens, &seq, 1, ex, out);
+  }
 };
 
 // Pick the architecture from general.architecture, bind its weights (views into the

@@ -30,13 +30,14 @@ class Gemma3 final : public ArchModel {
   std::vector<KvLayerSpec> kv_layout() const override;
   Backend &backend() const override { return *backend_; }
   void reserve(Exec &ex) const override;
-  Status forward(const int32_t *tokens, int n_rows, KvStore &kv, Exec &ex, int first_logit_row,
-                 float *logits) const override;
+  using ArchModel::forward;
+  Status forward(const int32_t *tokens, const StepSeq *seqs, int n_seqs, Exec &ex,
+                 const LogitRows &out) const override;
 
   Status load(const gguf::GgufFile &f, std::unique_ptr<Backend> backend);
 
  private:
-  void attention_block(const Layer &L, int il, Act h, int n, KvStore &kv, Exec &ex, Act cs) const;
+  void attention_block(const Layer &L, int il, Act h, int n, Exec &ex, Act cs) const;
   void ffn_block(const Layer &L, Act h, int n, Exec &ex) const;
 
   std::unique_ptr<Backend> backend_;
@@ -172,7 +173,7 @@ void Gemma3::reserve(Exec &ex) const {
 }
 
 // h += post_norm(W_o * attention(rope(norm(W_q x)), rope(norm(W_k x)), W_v x)), x = norm(h)
-void Gemma3::attention_block(const Layer &L, int il, Act h, int n, KvStore &kv, Exec &ex, Act cs) const {
+void Gemma3::attention_block(const Layer &L, int il, Act h, int n, Exec &ex, Act cs) const {
   const int64_t d = n_embd_, qd = n_head_ * head_dim_, kvd = n_head_kv_ * head_dim_;
   const Act x = ex.buffer(kX, d);       // [n][d]
   const Act q = ex.buffer(kQ, qd);      // [n][n_head][head_dim]
@@ -192,8 +193,8 @@ void Gemma3::attention_block(const Layer &L, int il, Act h, int n, KvStore &kv, 
   ex.rope(q, n, int(n_head_), int(head_dim_), int(head_dim_), cs);
   ex.rope(k, n, int(n_head_kv_), int(head_dim_), int(head_dim_), cs);
 
-  ex.kv_append(kv, il, k, v, n);
-  ex.attention(kv, il, q, att, n, int(n_head_), int(head_dim_), L.sliding ? window_ : 0, attn_scale_);
+  ex.kv_append(il, k, v);
+  ex.attention(il, q, att, int(n_head_), int(head_dim_), L.sliding ? window_ : 0, attn_scale_);
   ex.matmul(L.attn_output, att, o, n);
   ex.rmsnorm_add(o, &L.post_attention_norm, n, d, eps_, h);
 }
@@ -204,30 +205,27 @@ void Gemma3::ffn_block(const Layer &L, Act h, int n, Exec &ex) const {
                     ex.buffer(kX, n_embd_), ex.buffer(kGate, n_ff_), ex.buffer(kUp, n_ff_), ex.buffer(kO, n_embd_));
 }
 
-Status Gemma3::forward(const int32_t *tokens, int n, KvStore &kv, Exec &ex, int first_logit_row,
-                       float *logits) const {
-  GEIST_RETURN_IF_ERROR(check_forward_args(tokens, n, kv, int(layers_.size()), info_.n_vocab));
-  if (first_logit_row < 0 || first_logit_row > n) first_logit_row = n;
+Status Gemma3::forward(const int32_t *tokens, const StepSeq *seqs, int n_seqs, Exec &ex,
+                       const LogitRows &out) const {
+  int n = 0;
+  GEIST_RETURN_IF_ERROR(
+      check_forward_args(tokens, seqs, n_seqs, ex, int(layers_.size()), info_.n_vocab, out, &n));
   const int64_t d = n_embd_;
 
-  ex.begin_step(tokens, n, kv.n_past);
+  ex.begin_step(tokens, n, seqs, n_seqs);
   const Act cs_global = ex.rope_rows(kRopeG, rope_global_), cs_local = ex.rope_rows(kRopeL, rope_local_);
   const Act h = ex.buffer(kH, d);  // [n][d] residual stream
   ex.embed(token_embd_, std::sqrt(float(d)), h);
 
   for (size_t il = 0; il < layers_.size(); ++il) {
     const Layer &L = layers_[il];
-    attention_block(L, int(il), h, n, kv, ex, L.sliding ? cs_local : cs_global);
+    attention_block(L, int(il), h, n, ex, L.sliding ? cs_local : cs_global);
     ffn_block(L, h, n, ex);
   }
 
-  const int n_out = n - first_logit_row;
-  if (logits && n_out > 0) {
-    output_logits(ex, output_, output_norm_, h.rows_from(first_logit_row), n_out, eps_, softcap_, ex.buffer(kX, d),
-                  logits);
-  }
+  step_logits(ex, output_, output_norm_, h, n, seqs, n_seqs, eps_, softcap_, out, ex.buffer(kX, d), ex.buffer(kO, d));
   GEIST_RETURN_IF_ERROR(ex.end_step());
-  kv.n_past += n;
+  advance_seqs(seqs, n_seqs);
   return Status::ok();
 }
 

@@ -39,8 +39,9 @@ class Gemma4 final : public ArchModel {
   std::vector<KvLayerSpec> kv_layout() const override;
   Backend &backend() const override { return *backend_; }
   void reserve(Exec &ex) const override;
-  Status forward(const int32_t *tokens, int n_rows, KvStore &kv, Exec &ex, int first_logit_row,
-                 float *logits) const override;
+  using ArchModel::forward;
+  Status forward(const int32_t *tokens, const StepSeq *seqs, int n_seqs, Exec &ex,
+                 const LogitRows &out) const override;
 
   Status load(const gguf::GgufFile &f, std::unique_ptr<Backend> backend);
 
@@ -48,7 +49,7 @@ class Gemma4 final : public ArchModel {
   Status load_hparams(const gguf::GgufFile &f, std::vector<bool> *sliding, std::vector<int64_t> *n_ff,
                       int64_t *n_shared);
   void per_layer_inputs(Act e, int n, Exec &ex) const;
-  void attention_block(const Layer &L, Act h, int n, KvStore &kv, Exec &ex, Act cs) const;
+  void attention_block(const Layer &L, Act h, int n, Exec &ex, Act cs) const;
   void ffn_block(const Layer &L, Act h, int n, Exec &ex) const;
   void ple_block(const Layer &L, int il, Act h, int n, Exec &ex) const;
 
@@ -343,7 +344,7 @@ void Gemma4::per_layer_inputs(Act e, int n, Exec &ex) const {
 
 // h += post_norm(W_o attention(rope(norm(W_q x)), K, V)), x = norm(h); owners append
 // K = rope(norm(W_k x)), V = rmsnorm(W_v x) (no weight) to their cache first.
-void Gemma4::attention_block(const Layer &L, Act h, int n, KvStore &kv, Exec &ex, Act cs) const {
+void Gemma4::attention_block(const Layer &L, Act h, int n, Exec &ex, Act cs) const {
   const int64_t d = n_embd_, hd = L.head_dim, qd = n_head_ * hd, kvd = n_head_kv_ * hd;
   const Act x = ex.buffer(kX, d), q = ex.buffer(kQ, qd), k = ex.buffer(kK, kvd), v = ex.buffer(kV, kvd);
   const Act att = ex.buffer(kAttn, qd), o = ex.buffer(kO, d);
@@ -363,9 +364,9 @@ void Gemma4::attention_block(const Layer &L, Act h, int n, KvStore &kv, Exec &ex
     ex.rmsnorm(k, &L.attn_k_norm, int64_t(n) * n_head_kv_, hd, eps_, k);
     ex.rope(k, n, int(n_head_kv_), int(hd), int(hd), cs);
     ex.rmsnorm(v, nullptr, int64_t(n) * n_head_kv_, hd, eps_, v);
-    ex.kv_append(kv, slot, k, v, n);
+    ex.kv_append(slot, k, v);
   }
-  ex.attention(kv, slot, q, att, n, int(n_head_), int(hd), L.sliding ? window_ : 0, 1.0f);
+  ex.attention(slot, q, att, int(n_head_), int(hd), L.sliding ? window_ : 0, 1.0f);
   ex.matmul(L.attn_output, att, o, n);
   ex.rmsnorm_add(o, &L.post_attention_norm, n, d, eps_, h);
 }
@@ -394,13 +395,13 @@ void Gemma4::ple_block(const Layer &L, int il, Act h, int n, Exec &ex) const {
   if (L.out_scale != 1.0f) ex.scale(h, L.out_scale, int64_t(n) * d);
 }
 
-Status Gemma4::forward(const int32_t *tokens, int n, KvStore &kv, Exec &ex, int first_logit_row,
-                       float *logits) const {
-  GEIST_RETURN_IF_ERROR(check_forward_args(tokens, n, kv, n_owners_, info_.n_vocab));
-  if (first_logit_row < 0 || first_logit_row > n) first_logit_row = n;
+Status Gemma4::forward(const int32_t *tokens, const StepSeq *seqs, int n_seqs, Exec &ex,
+                       const LogitRows &out) const {
+  int n = 0;
+  GEIST_RETURN_IF_ERROR(check_forward_args(tokens, seqs, n_seqs, ex, n_owners_, info_.n_vocab, out, &n));
   const int64_t d = n_embd_;
 
-  ex.begin_step(tokens, n, kv.n_past);
+  ex.begin_step(tokens, n, seqs, n_seqs);
   const Act cs_full = ex.rope_rows(kRopeF, rope_full_), cs_swa = ex.rope_rows(kRopeS, rope_swa_);
   const Act h = ex.buffer(kH, d);
   ex.embed(token_embd_, std::sqrt(float(d)), h);
@@ -408,18 +409,14 @@ Status Gemma4::forward(const int32_t *tokens, int n, KvStore &kv, Exec &ex, int 
 
   for (size_t il = 0; il < layers_.size(); ++il) {
     const Layer &L = layers_[il];
-    attention_block(L, h, n, kv, ex, L.sliding ? cs_swa : cs_full);
+    attention_block(L, h, n, ex, L.sliding ? cs_swa : cs_full);
     ffn_block(L, h, n, ex);
     ple_block(L, int(il), h, n, ex);
   }
 
-  const int n_out = n - first_logit_row;
-  if (logits && n_out > 0) {
-    output_logits(ex, output_, output_norm_, h.rows_from(first_logit_row), n_out, eps_, softcap_, ex.buffer(kX, d),
-                  logits);
-  }
+  step_logits(ex, output_, output_norm_, h, n, seqs, n_seqs, eps_, softcap_, out, ex.buffer(kX, d), ex.buffer(kO, d));
   GEIST_RETURN_IF_ERROR(ex.end_step());
-  kv.n_past += n;
+  advance_seqs(seqs, n_seqs);
   return Status::ok();
 }
 

@@ -149,24 +149,49 @@ Result<const float *> TensorBinder::vector(const std::string &name, int64_t n) {
   return reinterpret_cast<const float *>(t->data);
 }
 
-Status check_forward_args(const int32_t *tokens, int n, const KvStore &kv, int n_cache_layers, int64_t n_vocab) {
-  if (n < 1 || n > kv.max_chunk()) {
-    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "chunk of %d rows (must be 1..%d)", n, kv.max_chunk());
+Status check_forward_args(const int32_t *tokens, const StepSeq *seqs, int n_seqs, const Exec &ex,
+                          int n_cache_layers, int64_t n_vocab, const ArchModel::LogitRows &out, int *n_rows) {
+  if (seqs == nullptr || n_seqs < 1) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "a step needs a sequence");
+  int64_t total = 0;
+  for (int i = 0; i < n_seqs; ++i) {
+    const KvStore *kv = seqs[i].kv;
+    const int n = seqs[i].n_rows;
+    if (kv == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "sequence %d has no KV store", i);
+    if (n < 1 || n > kv->max_chunk()) {
+      return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "chunk of %d rows (must be 1..%d)", n, kv->max_chunk());
+    }
+    if (kv->n_layers() != n_cache_layers) {
+      return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "KV cache was made for another model");
+    }
+    if (kv->n_past + n > kv->n_ctx()) {
+      return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "%lld tokens in the cache + %d new exceed the context of %lld",
+                         (long long)kv->n_past, n, (long long)kv->n_ctx());
+    }
+    for (int k = 0; k < i; ++k) {
+      if (seqs[k].kv == kv) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "sequences %d and %d share a KV store", k, i);
+    }
+    total += n;
   }
-  if (kv.n_layers() != n_cache_layers) {
-    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "KV cache was made for another model");
+  if (total > ex.max_rows()) {
+    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "a step of %lld rows (this exec takes up to %d)", (long long)total,
+                       ex.max_rows());
   }
-  if (kv.n_past + n > kv.n_ctx()) {
-    return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "%lld tokens in the cache + %d new exceed the context of %lld",
-                       (long long)kv.n_past, n, (long long)kv.n_ctx());
-  }
+  const int n = int(total);
   for (int r = 0; r < n; ++r) {
     if (tokens[r] < 0 || tokens[r] >= n_vocab) {
       return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "token id %d out of range [0, %lld)", tokens[r],
                          (long long)n_vocab);
     }
   }
+  if (out.out != nullptr && !out.last_of_each_seq && (out.first_row < 0 || out.first_row >= n)) {
+    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "logits from row %d of a step of %d", out.first_row, n);
+  }
+  *n_rows = n;
   return Status::ok();
+}
+
+void advance_seqs(const StepSeq *seqs, int n_seqs) {
+  for (int i = 0; i < n_seqs; ++i) seqs[i].kv->n_past += seqs[i].n_rows;
 }
 
 void gelu_ffn_residual(Exec &ex, Act h, int n, const WeightView &norm, const WeightView &w_gate,
@@ -180,6 +205,25 @@ void gelu_ffn_residual(Exec &ex, Act h, int n, const WeightView &norm, const Wei
   ex.gelu_mul(gate, up, gate, int64_t(n) * w_gate.n_out);
   ex.matmul(w_down, gate, o, n);
   ex.rmsnorm_add(o, &post_norm, n, d, eps, h);
+}
+
+void step_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act h, int n_rows, const StepSeq *seqs,
+                 int n_seqs, float eps, float softcap, const ArchModel::LogitRows &out, Act x, Act g) {
+  if (out.out == nullptr) return;
+  if (!out.last_of_each_seq) {
+    output_logits(ex, w_out, norm, h.rows_from(out.first_row), n_rows - out.first_row, eps, softcap, x, out.out);
+    return;
+  }
+  if (n_rows == n_seqs) {  // one row each: the last rows are all rows
+    output_logits(ex, w_out, norm, h, n_rows, eps, softcap, x, out.out);
+    return;
+  }
+  int last = -1;
+  for (int i = 0; i < n_seqs; ++i) {
+    last += seqs[i].n_rows;
+    ex.copy_cols(h.rows_from(last), 0, g.rows_from(i), 1);
+  }
+  output_logits(ex, w_out, norm, g, n_seqs, eps, softcap, x, out.out);
 }
 
 void output_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act h, int n, float eps, float softcap,

@@ -55,9 +55,14 @@ class TensorBinder {
   int64_t total_ = 0;
 };
 
-// The argument checks of ArchModel::forward (arch.h) every architecture makes: chunk size,
-// a cache of n_cache_layers layers, room in the context, token ids < n_vocab.
-Status check_forward_args(const int32_t *tokens, int n, const KvStore &kv, int n_cache_layers, int64_t n_vocab);
+// The argument checks of ArchModel::forward (arch.h) every architecture makes: for each
+// sequence its chunk size, a cache of n_cache_layers layers, room in the context, a store no
+// other sequence of the step uses; rows <= ex.max_rows(), token ids < n_vocab, the logit
+// rows. *n_rows: the step's rows.
+Status check_forward_args(const int32_t *tokens, const StepSeq *seqs, int n_seqs, const Exec &ex,
+                          int n_cache_layers, int64_t n_vocab, const ArchModel::LogitRows &out, int *n_rows);
+// After a step's end_step succeeded: each sequence's store advances by its rows.
+void advance_seqs(const StepSeq *seqs, int n_seqs);
 
 // The Gemma FFN with its residual: h += post_norm(W_down (gelu(W_gate x) * W_up x)),
 // x = norm(h), for n rows of width d. Scratch: x, o [n][d]; gate, up [n][n_ff].
@@ -67,6 +72,11 @@ void gelu_ffn_residual(Exec &ex, Act h, int n, const WeightView &norm, const Wei
 
 // logits [n][n_vocab] = softcap(W_out rmsnorm(h, norm)) for n rows h [n][d], to the host;
 // x: scratch of n rows of d; softcap 0 = none.
+// The logits `out` asks for from the residual stream h of the step (rows n_rows, sequences
+// seqs): the last rows of several multi-row sequences are gathered into g first. x and g:
+// scratch of h's width.
+void step_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act h, int n_rows, const StepSeq *seqs,
+                 int n_seqs, float eps, float softcap, const ArchModel::LogitRows &out, Act x, Act g);
 void output_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act h, int n, float eps, float softcap,
                    Act x, float *logits);
 

@@ -47,5 +47,6 @@ int bench_threads(int requested);
 Runner add_bench_pinned(CLI::App &bench);
 Runner add_bench_pptg(CLI::App &bench);
 Runner add_bench_rows(CLI::App &bench);
+Runner add_bench_batch(CLI::App &bench);
 
 }  // namespace geist::cli

@@ -731,6 +731,21 @@ struct Checker {
       array_of(key(pt, p, "samples_ms", T::kArr), p + ".samples_ms", T::kNum);
     }
   }
+  void batch(const json &params, const json &results) {
+    for (const char *k : {"n_prompt", "n_gen", "repetitions", "threads"}) key(params, "params", k, T::kInt);
+    array_of(key(params, "params", "sessions", T::kArr), "params.sessions", T::kInt);
+    if (!results.is_array()) {
+      errors.push_back("results: expected array");
+      return;
+    }
+    for (size_t i = 0; i < results.size(); ++i) {
+      const json &pt = results[i];
+      const std::string p = "results[" + std::to_string(i) + "]";
+      key(pt, p, "sessions", T::kInt);
+      for (const char *k : {"ms_per_step", "aggregate_tps"}) key(pt, p, k, T::kNum);
+      array_of(key(pt, p, "samples_ms", T::kArr), p + ".samples_ms", T::kNum);
+    }
+  }
 };
 
 }  // namespace
@@ -756,8 +771,10 @@ std::vector<std::string> check_bench_json(const json &j) {
     c.pptg(params, results);
   } else if (cmd == "rows") {
     c.rows(params, results);
+  } else if (cmd == "batch") {
+    c.batch(params, results);
   } else if (command.is_string()) {
-    c.errors.push_back("command: expected \"pinned\", \"pp-tg\" or \"rows\"");
+    c.errors.push_back("command: expected \"pinned\", \"pp-tg\", \"rows\" or \"batch\"");
   }
   return c.errors;
 }

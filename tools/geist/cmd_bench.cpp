@@ -117,11 +117,11 @@ int bench_threads(int requested) {
 
 Runner add_bench(CLI::App &app) {
   CLI::App *b = app.add_subcommand(
-      "bench", "Benchmarks: the pinned-prefix workload, llama-bench's pp/tg, the row sweep");
+      "bench", "Benchmarks: the pinned-prefix workload, llama-bench's pp/tg, the row sweep, batched decode");
   // Not require_subcommand: its error ("A subcommand is required") would hide the name of
   // an unknown one, which CLI11 reports as an unexpected argument instead.
   std::vector<std::pair<CLI::App *, Runner>> subs;
-  for (Runner (*add)(CLI::App &) : {add_bench_pinned, add_bench_pptg, add_bench_rows}) {
+  for (Runner (*add)(CLI::App &) : {add_bench_pinned, add_bench_pptg, add_bench_rows, add_bench_batch}) {
     const size_t before = b->get_subcommands({}).size();
     Runner r = add(*b);
     subs.emplace_back(b->get_subcommands({})[before], std::move(r));
@@ -130,7 +130,7 @@ Runner add_bench(CLI::App &app) {
     for (const auto &[sub, run] : subs)
       if (sub->parsed()) return run();
     std::fprintf(stderr,
-                 "geist: error: bench needs a subcommand: pinned, pp-tg or rows (see 'geist bench "
+                 "geist: error: bench needs a subcommand: pinned, pp-tg, rows or batch (see 'geist bench "
                  "--help')\n");
     return 2;
   };

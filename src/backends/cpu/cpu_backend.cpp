@@ -174,14 +174,20 @@ class CpuExec final : public Exec {
     return {b.data(), width};
   }
 
-  void begin_step(const int32_t *tokens, int n_rows, int64_t pos0) override {
+  int max_rows() const override { return max_rows_; }
+  void begin_step(const int32_t *tokens, int n_rows, const StepSeq *seqs, int n_seqs) override {
     tokens_ = tokens;
     n_rows_ = n_rows;
-    pos0_ = pos0;
+    seqs_.clear();
+    int row0 = 0;
+    for (int i = 0; i < n_seqs; ++i) {
+      seqs_.push_back({static_cast<CpuKvStore *>(seqs[i].kv), row0, seqs[i].n_rows, seqs[i].kv->n_past});
+      row0 += seqs[i].n_rows;
+    }
   }
   Act rope_rows(int slot, const cpu::RopeTable &t) override {
     Act cs = buffer(slot, t.rot_dim());
-    t.fill(pos0_, n_rows_, cs.p);
+    for (const Seq &q : seqs_) t.fill(q.pos0, q.n, cs.rows_from(q.row0).p);
     return cs;
   }
   Act output(float *host, int64_t width, int) override { return {host, width}; }
@@ -228,29 +234,30 @@ class CpuExec final : public Exec {
     const OpProfile::Scope ps = scope("rope");
     cpu::rope_neox(x.p, n_rows, n_heads, head_dim, rot_dim, cs.p, pool_);
   }
-  void kv_append(KvStore &kv, int l, Act k, Act v, int n_rows) override {
+  void kv_append(int l, Act k, Act v) override {
     const OpProfile::Scope ps = scope("storing KV rows");
-    static_cast<CpuKvStore &>(kv).append(l, pos0_, n_rows, k.p, v.p);
+    for (const Seq &q : seqs_) q.kv->append(l, q.pos0, q.n, k.rows_from(q.row0).p, v.rows_from(q.row0).p);
   }
-  void attention(const KvStore &kv, int l, Act q, Act out, int n_rows, int n_head, int head_dim, int window,
-                 float scale) override {
+  void attention(int l, Act q, Act out, int n_head, int head_dim, int window, float scale) override {
     const OpProfile::Scope ps = scope("attention");
-    const auto &c = static_cast<const CpuKvStore &>(kv);
-    cpu::AttentionArgs a{q.p,
-                         c.k(l),
-                         c.v(l),
-                         out.p,
-                         n_rows,
-                         pos0_,
-                         c.capacity(l),
-                         n_head,
-                         int(c.spec(l).row_floats / head_dim),
-                         head_dim,
-                         window,
-                         scale,
-                         c.type_k(),
-                         c.type_v()};
-    cpu::attention(a, pool_);
+    for (const Seq &sq : seqs_) {
+      const CpuKvStore &c = *sq.kv;
+      cpu::AttentionArgs a{q.rows_from(sq.row0).p,
+                           c.k(l),
+                           c.v(l),
+                           out.rows_from(sq.row0).p,
+                           sq.n,
+                           sq.pos0,
+                           c.capacity(l),
+                           n_head,
+                           int(c.spec(l).row_floats / head_dim),
+                           head_dim,
+                           window,
+                           scale,
+                           c.type_k(),
+                           c.type_v()};
+      cpu::attention(a, pool_);
+    }
   }
   void gelu_mul(Act gate, Act up, Act out, int64_t n) override {
     const OpProfile::Scope ps = scope("gelu_mul");
@@ -288,9 +295,15 @@ class CpuExec final : public Exec {
   std::unique_ptr<OpProfile> profile_;  // GEIST_PROFILE=1
   int max_rows_;
   std::vector<std::vector<float>> bufs_;
+  // The step's sequences: rows [row0, row0 + n) at positions pos0.. of kv.
+  struct Seq {
+    CpuKvStore *kv;
+    int row0, n;
+    int64_t pos0;
+  };
   const int32_t *tokens_ = nullptr;
   int n_rows_ = 0;
-  int64_t pos0_ = 0;
+  std::vector<Seq> seqs_;
 };
 
 class CpuBackend final : public Backend {

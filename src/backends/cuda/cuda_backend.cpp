@@ -199,12 +199,14 @@ class CudaExec final : public Exec {
     Result<CudaStream> s = cuda::stream_create();
     if (!s) return on_device(s.status(), name_, "creating a stream");
     stream_ = *s;
-    // Step block: tokens [max_rows] int32, then pos0 (int64, 8-aligned).
+    // Step block: tokens [max_rows] int32, then each sequence's first position [max_rows]
+    // int64 (8-aligned).
     step_tokens_bytes_ = (size_t(max_rows_) * sizeof(int32_t) + 7) / 8 * 8;
-    GEIST_RETURN_IF_ERROR(alloc(&step_, step_tokens_bytes_ + sizeof(int64_t), "the step block"));
+    const size_t step_bytes = step_tokens_bytes_ + size_t(max_rows_) * sizeof(int64_t);
+    GEIST_RETURN_IF_ERROR(alloc(&step_, step_bytes, "the step block"));
     if (matmul_scratch_bytes_ > 0) GEIST_RETURN_IF_ERROR(alloc(&scratch_, matmul_scratch_bytes_, "matmul scratch"));
     // Pinned host staging for what each step uploads (tokens, pos0, the RoPE rows).
-    Result<void *> h = cuda::host_alloc_pinned(step_tokens_bytes_ + sizeof(int64_t));
+    Result<void *> h = cuda::host_alloc_pinned(step_bytes);
     if (!h) return on_device(h.status(), name_, "allocating pinned host memory");
     host_step_ = static_cast<uint8_t *>(*h);
     return Status::ok();
@@ -238,17 +240,25 @@ class CudaExec final : public Exec {
   Status reserve_status() const override { return reserve_error_; }
   int warm_up_steps() const override { return graphs_ ? 2 : 0; }
 
-  void begin_step(const int32_t *tokens, int n_rows, int64_t pos0) override {
+  int max_rows() const override { return max_rows_; }
+  void begin_step(const int32_t *tokens, int n_rows, const StepSeq *seqs, int n_seqs) override {
     error_ = reserve_error_;  // a buffer that never got memory fails every step
     outputs_.clear();
     ops_.clear();
     step_hash_ = 0x6a09e667f3bcc908ull;
     n_rows_ = n_rows;
-    pos0_ = pos0;
+    seqs_.clear();
+    int row0 = 0;
+    for (int i = 0; i < n_seqs; ++i) {
+      seqs_.push_back({static_cast<CudaKvStore *>(seqs[i].kv), row0, seqs[i].n_rows, seqs[i].kv->n_past});
+      row0 += seqs[i].n_rows;
+    }
     fail(on_device(cuda::set_device(device_), name_, "selecting the device"));
     std::memcpy(host_step_, tokens, size_t(n_rows) * sizeof(int32_t));
-    std::memcpy(host_step_ + step_tokens_bytes_, &pos0, sizeof pos0);
-    run(cuda::upload_async(step_, host_step_, step_tokens_bytes_ + sizeof(int64_t), stream_), "uploading the step");
+    auto *p0 = reinterpret_cast<int64_t *>(host_step_ + step_tokens_bytes_);
+    for (size_t i = 0; i < seqs_.size(); ++i) p0[i] = seqs_[i].pos0;
+    run(cuda::upload_async(step_, host_step_, step_tokens_bytes_ + seqs_.size() * sizeof(int64_t), stream_),
+        "uploading the step");
   }
 
   Act rope_rows(int slot, const cpu::RopeTable &t) override {
@@ -263,7 +273,7 @@ class CudaExec final : public Exec {
       }
       h = static_cast<float *>(*p);
     }
-    t.fill(pos0_, n_rows_, h);
+    for (const Seq &q : seqs_) t.fill(q.pos0, q.n, h + size_t(q.row0) * size_t(t.rot_dim()));
     run(cuda::upload_async(cs.p, h, size_t(n_rows_) * size_t(t.rot_dim()) * sizeof(float), stream_),
         "uploading RoPE rows");
     return cs;
@@ -340,38 +350,26 @@ class CudaExec final : public Exec {
     record("rope", key(4, x.p, n_rows, n_heads, head_dim, rot_dim, cs.p),
            [=, s = stream_] { return cuda::rope_neox(x.p, n_rows, n_heads, head_dim, rot_dim, cs.p, s); });
   }
-  void kv_append(KvStore &kv, int l, Act k, Act v, int n_rows) override {
-    auto &c = static_cast<CudaKvStore &>(kv);
-    const int64_t rf = c.spec(l).row_floats, cap = c.capacity(l);
-    const KvType tk = c.type_k(), tv = c.type_v();
-    void *kr = c.k(l), *vr = c.v(l);
-    const int64_t *p0 = pos0();
-    record("storing K rows", key(5, int(tk), kr, cap, rf, n_rows, k.p),
-           [=, s = stream_] { return cuda::kv_append(tk, kr, cap, rf, p0, n_rows, k.p, s); });
-    record("storing V rows", key(5, int(tv), vr, cap, rf, n_rows, v.p),
-           [=, s = stream_] { return cuda::kv_append(tv, vr, cap, rf, p0, n_rows, v.p, s); });
+  void kv_append(int l, Act k, Act v) override {
+    for (size_t i = 0; i < seqs_.size(); ++i) {
+      CudaKvStore &c = *seqs_[i].kv;
+      const int64_t rf = c.spec(l).row_floats, cap = c.capacity(l);
+      const KvType tk = c.type_k(), tv = c.type_v();
+      void *kr = c.k(l), *vr = c.v(l);
+      const int64_t *p0 = pos0(i);
+      const int n = seqs_[i].n;
+      const float *kp = k.rows_from(seqs_[i].row0).p, *vp = v.rows_from(seqs_[i].row0).p;
+      record("storing K rows", key(5, int(tk), kr, cap, rf, n, kp, p0),
+             [=, s = stream_] { return cuda::kv_append(tk, kr, cap, rf, p0, n, kp, s); });
+      record("storing V rows", key(5, int(tv), vr, cap, rf, n, vp, p0),
+             [=, s = stream_] { return cuda::kv_append(tv, vr, cap, rf, p0, n, vp, s); });
+    }
   }
-  void attention(const KvStore &kv, int l, Act q, Act out, int n_rows, int n_head, int head_dim, int window,
-                 float scale) override {
-    const auto &c = static_cast<const CudaKvStore &>(kv);
-    cuda::AttnArgs a;
-    a.q = q.p;
-    a.k = c.k(l);
-    a.v = c.v(l);
-    a.k_type = c.type_k();
-    a.v_type = c.type_v();
-    a.out = out.p;
-    a.n_rows = n_rows;
-    a.pos0 = pos0();
-    a.capacity = c.capacity(l);
-    a.n_head = n_head;
-    a.n_head_kv = int(c.spec(l).row_floats / head_dim);
-    a.head_dim = head_dim;
-    a.window = window;
-    a.scale = scale;
+  void attention(int l, Act q, Act out, int n_head, int head_dim, int window, float scale) override {
     // The split kernel's scratch: sized by the largest (heads, head dim) seen, which the
     // warm-up step at session creation reaches. A smaller one already recorded into this
-    // step stays allocated until the step ends.
+    // step stays allocated until the step ends. Sequences run one after another on the
+    // stream, so they share it.
     const size_t need = cuda::attention_scratch_bytes(n_head, head_dim);
     if (attn_scratch_bytes_ < need) {
       void *p = nullptr;
@@ -380,11 +378,29 @@ class CudaExec final : public Exec {
       attn_scratch_ = p;
       attn_scratch_bytes_ = need;
     }
-    a.scratch = attn_scratch_;
-    record("attention",
-           key(6, a.q, a.k, a.v, int(a.k_type), int(a.v_type), a.out, n_rows, a.capacity, n_head, a.n_head_kv,
-               head_dim, window, scale, a.scratch),
-           [=, s = stream_] { return cuda::attention(a, s); });
+    for (size_t i = 0; i < seqs_.size(); ++i) {
+      const CudaKvStore &c = *seqs_[i].kv;
+      cuda::AttnArgs a;
+      a.q = q.rows_from(seqs_[i].row0).p;
+      a.k = c.k(l);
+      a.v = c.v(l);
+      a.k_type = c.type_k();
+      a.v_type = c.type_v();
+      a.out = out.rows_from(seqs_[i].row0).p;
+      a.n_rows = seqs_[i].n;
+      a.pos0 = pos0(i);
+      a.capacity = c.capacity(l);
+      a.n_head = n_head;
+      a.n_head_kv = int(c.spec(l).row_floats / head_dim);
+      a.head_dim = head_dim;
+      a.window = window;
+      a.scale = scale;
+      a.scratch = attn_scratch_;
+      record("attention",
+             key(6, a.q, a.k, a.v, int(a.k_type), int(a.v_type), a.out, a.n_rows, a.capacity, n_head, a.n_head_kv,
+                 head_dim, window, scale, a.scratch, a.pos0),
+             [=, s = stream_] { return cuda::attention(a, s); });
+    }
   }
   void gelu_mul(Act gate, Act up, Act out, int64_t n) override {
     record("gelu_mul", key(7, gate.p, up.p, out.p, n),
@@ -430,8 +446,9 @@ class CudaExec final : public Exec {
     return Status::ok();
   }
   const int32_t *tokens() const { return static_cast<const int32_t *>(step_); }
-  const int64_t *pos0() const {
-    return reinterpret_cast<const int64_t *>(static_cast<const uint8_t *>(step_) + step_tokens_bytes_);
+  // Sequence i's first position, on the device.
+  const int64_t *pos0(size_t i) const {
+    return reinterpret_cast<const int64_t *>(static_cast<const uint8_t *>(step_) + step_tokens_bytes_) + i;
   }
   cuda::DevMatrix dev(const WeightView &w) const {
     return {w.device, w.type, w.n_in, w.n_out, w.row_bytes};
@@ -559,7 +576,13 @@ class CudaExec final : public Exec {
   std::vector<void *> retired_;  // scratch replaced during a step, freed at its end
   std::vector<Output> outputs_;
   int n_rows_ = 0;
-  int64_t pos0_ = 0;
+  // The step's sequences: rows [row0, row0 + n) at positions pos0.. of kv.
+  struct Seq {
+    CudaKvStore *kv;
+    int row0, n;
+    int64_t pos0;
+  };
+  std::vector<Seq> seqs_;
   Status error_;
   Status reserve_error_;
   long long inject_at_ = 0, ops_run_ = 0;

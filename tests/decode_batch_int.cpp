@@ -1,0 +1,129 @@
+// Several sessions decoding in one step (Session::decode_batch, geist_decode_batch) on the
+// CPU, over the committed tiny models: bit-identical to each session decoding alone, for
+// any set of sessions and thread count, and every bad call refused before anything changes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "decode_batch_check.h"
+#include "engine/model.h"
+#include "engine/session.h"
+#include "geist/geist.h"
+#include "test_util.h"
+
+namespace geist {
+namespace {
+
+const char *const kModels[] = {"tiny_gemma3.gguf", "gemma4/tiny_gemma4_a_f32.gguf", "gemma4/tiny_gemma4_a_q8_0.gguf",
+                               "gemma4/tiny_gemma4_b_f32.gguf", "gemma4/tiny_gemma4_b_q8_0.gguf"};
+
+std::unique_ptr<Model> load(const std::string &rel) {
+  Result<std::unique_ptr<Model>> m = Model::load(test::data_path(rel));
+  EXPECT_TRUE(m) << m.status().to_string();
+  return m ? std::move(m).value() : nullptr;
+}
+
+TEST(DecodeBatch, EqualsDecodingAlone) {
+  for (const char *rel : kModels) {
+    std::unique_ptr<Model> m = load(rel);
+    ASSERT_TRUE(m);
+    for (int threads : {1, 2}) test::expect_decode_batch_equals_alone(*m, rel, threads);
+  }
+}
+
+TEST(DecodeBatch, SequencesOfSeveralRowsInOneStep) {
+  for (const char *rel : kModels) {
+    std::unique_ptr<Model> m = load(rel);
+    ASSERT_TRUE(m);
+    test::expect_mixed_step_equals_alone(*m, rel);
+  }
+}
+
+// Every refused call leaves every session as it was (tokens, logits).
+TEST(DecodeBatch, BadCallsChangeNothing) {
+  std::unique_ptr<Model> m = load("tiny_gemma3.gguf"), other = load("tiny_gemma3.gguf");
+  ASSERT_TRUE(m && other);
+  const size_t nv = size_t(m->info().n_vocab);
+  std::unique_ptr<Session> a = test::batch_session(*m, 2, 1, 0), b = test::batch_session(*m, 2, 1, 1),
+                           c = test::batch_session(*m, 2, 1, 2), fresh = test::batch_session(*m, 2, 1, 3),
+                           alien = test::batch_session(*other, 2, 1, 4);
+  const std::vector<int32_t> ids = test::batch_ids(*m, 8, 9);
+  for (Session *s : {a.get(), b.get(), c.get(), alien.get()}) ASSERT_TRUE(s->prefill(ids.data(), 8).is_ok());
+  const std::vector<float> before(a->logits(), a->logits() + nv);
+  int32_t out[4] = {-1, -1, -1, -1};
+  auto code = [&](std::vector<Session *> ss) {
+    return Session::decode_batch(ss.data(), ss.size(), out).code();
+  };
+  EXPECT_EQ(Session::decode_batch(nullptr, 1, out).code(), GEIST_E_INVALID_ARGUMENT);
+  EXPECT_EQ(code({}), GEIST_E_INVALID_ARGUMENT);
+  EXPECT_EQ(code({a.get(), nullptr}), GEIST_E_INVALID_ARGUMENT);
+  EXPECT_EQ(code({a.get(), a.get()}), GEIST_E_INVALID_ARGUMENT);
+  EXPECT_EQ(code({a.get(), alien.get()}), GEIST_E_INVALID_ARGUMENT);
+  EXPECT_EQ(code({a.get(), fresh.get()}), GEIST_E_STATE);
+  EXPECT_EQ(code({a.get(), b.get(), c.get()}), GEIST_E_INVALID_ARGUMENT);  // a's chunk is 2
+  {
+    std::vector<Session *> ss = {a.get(), b.get()};
+    EXPECT_EQ(Session::decode_batch(ss.data(), 2, nullptr).code(), GEIST_E_INVALID_ARGUMENT);
+  }
+  EXPECT_EQ(a->n_tokens(), 8u);
+  EXPECT_EQ(b->n_tokens(), 8u);
+  EXPECT_EQ(0, std::memcmp(a->logits(), before.data(), nv * sizeof(float)));
+  // A full context: a session of 9 tokens of context with 8 used takes one more, then no more.
+  SessionParams p;
+  p.n_ctx = 9;
+  p.chunk = 4;
+  p.sampling.temperature = 0;
+  Result<std::unique_ptr<Session>> small = Session::create(*m, p);
+  ASSERT_TRUE(small);
+  ASSERT_TRUE((*small)->prefill(ids.data(), 8).is_ok());
+  std::vector<Session *> ss = {small->get(), b.get()};
+  EXPECT_TRUE(Session::decode_batch(ss.data(), 2, out).is_ok());
+  EXPECT_EQ(Session::decode_batch(ss.data(), 2, out).code(), GEIST_E_CONTEXT_FULL);
+  EXPECT_EQ((*small)->n_tokens(), 9u);
+  EXPECT_EQ(b->n_tokens(), 9u);
+}
+
+// The C ABI: the same tokens as geist_session_decode_step one session at a time.
+TEST(DecodeBatch, CApi) {
+  geist_model *m = nullptr;
+  ASSERT_EQ(geist_model_load(test::data_path("tiny_gemma3.gguf").c_str(), nullptr, &m), GEIST_OK);
+  geist_session_params sp = geist_session_params_default();
+  sp.n_ctx = 256;
+  sp.sampling.temperature = 0;
+  geist_session *s[3] = {}, *r[3] = {};
+  const std::vector<int32_t> ids = {7, 8, 9, 10, 11, 12, 13, 14, 15};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(geist_session_create(m, &sp, &s[i]), GEIST_OK);
+    ASSERT_EQ(geist_session_create(m, &sp, &r[i]), GEIST_OK);
+    ASSERT_EQ(geist_session_prefill_tokens(s[i], ids.data() + i, size_t(4 + i)), GEIST_OK) << geist_last_error();
+    ASSERT_EQ(geist_session_prefill_tokens(r[i], ids.data() + i, size_t(4 + i)), GEIST_OK);
+  }
+  for (int step = 0; step < 5; ++step) {
+    geist_token got[3] = {-1, -1, -1};
+    ASSERT_EQ(geist_decode_batch(s, 3, got), GEIST_OK) << geist_last_error();
+    for (int i = 0; i < 3; ++i) {
+      geist_token want = -1;
+      ASSERT_EQ(geist_session_decode_step(r[i], &want), GEIST_OK);
+      EXPECT_EQ(got[i], want);
+      size_t nv = 0;
+      const float *la = geist_session_logits(s[i], &nv), *lb = geist_session_logits(r[i], nullptr);
+      EXPECT_EQ(0, std::memcmp(la, lb, nv * sizeof(float)));
+    }
+  }
+  geist_session *twice[2] = {s[0], s[0]};
+  geist_token t2[2];
+  EXPECT_EQ(geist_decode_batch(twice, 2, t2), GEIST_E_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(geist_last_error()).find("same"), std::string::npos);
+  EXPECT_EQ(geist_decode_batch(nullptr, 2, t2), GEIST_E_INVALID_ARGUMENT);
+  for (int i = 0; i < 3; ++i) {
+    geist_session_free(s[i]);
+    geist_session_free(r[i]);
+  }
+  geist_model_free(m);
+}
+
+}  // namespace
+}  // namespace geist
