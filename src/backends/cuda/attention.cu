@@ -31,14 +31,23 @@ __device__ __forceinline__ float kv_elem(const uint8_t *row, int64_t e) {
 
 // grid (n_rows, row_elems / 256 rounded up), 256 threads: one element per thread; for Q8_0
 // a warp is one 32-element block (row_elems % 32 == 0, so warps never straddle a row end).
+// Row r's sequence in a table of n (row0 ascending, row0[0] = 0).
+__device__ __forceinline__ int seq_of_row(const SeqRings &t, int r) {
+  int i = 0;
+  while (i + 1 < t.n && r >= t.row0[i + 1]) ++i;
+  return i;
+}
+
+// rings: the table's K (v_rings false) or V rings.
 template <KvType T>
-__global__ void kv_append_kernel(uint8_t *ring, int64_t capacity, int64_t row_elems, size_t row_bytes,
-                                 const int64_t *__restrict__ pos0, const float *__restrict__ src) {
+__global__ void kv_append_kernel(SeqRings t, bool v_rings, int64_t row_elems, size_t row_bytes,
+                                 const float *__restrict__ src) {
   const int r = blockIdx.x;
   const int64_t e = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (e >= row_elems) return;
-  const int64_t slot = (*pos0 + r) % capacity;
-  uint8_t *row = ring + size_t(slot) * row_bytes;
+  const int i = seq_of_row(t, r);
+  const int64_t slot = (*t.pos0[i] + (r - t.row0[i])) % t.capacity[i];
+  uint8_t *row = static_cast<uint8_t *>(v_rings ? t.v[i] : t.k[i]) + size_t(slot) * row_bytes;
   const float v = src[size_t(r) * row_elems + e];
   if constexpr (T == KvType::F32) {
     reinterpret_cast<float *>(row)[e] = v;
@@ -68,7 +77,7 @@ constexpr int kTile = 2048;             // keys whose scores are held in shared 
 constexpr int kMaxHeadDim = 512;
 constexpr int kDimsPerThread = kMaxHeadDim / kThreads;
 
-struct AttnParams {
+struct AttnCore {
   const float *q;
   const uint8_t *k, *v;
   float *out;
@@ -77,12 +86,31 @@ struct AttnParams {
   size_t k_row_bytes, v_row_bytes;
   int n_head, group, head_dim, window;
   float scale;
+  int row_base;  // query r is at position *pos0 + r - row_base
 };
+struct AttnParams {
+  AttnCore c;
+  SeqRings seqs;  // n > 0: each row's k, v, pos0, capacity come from its sequence here
+};
+
+// The parameters as query row r sees them.
+__device__ __forceinline__ AttnCore for_row(const AttnParams &a, int r) {
+  AttnCore b = a.c;
+  if (a.seqs.n > 0) {
+    const int i = seq_of_row(a.seqs, r);
+    b.k = static_cast<const uint8_t *>(a.seqs.k[i]);
+    b.v = static_cast<const uint8_t *>(a.seqs.v[i]);
+    b.pos0 = a.seqs.pos0[i];
+    b.capacity = a.seqs.capacity[i];
+    b.row_base = a.seqs.row0[i];
+  }
+  return b;
+}
 
 // Scores of keys [t0, t0 + len) (offsets from j0) into sc[0, len): one half-warp per key, as
 // the CPU's dot_f32 (lane l sums elements l, l + 16, ... in order, then the tree) times scale.
 template <KvType KT>
-__device__ void tile_scores(const AttnParams &a, const float *qs, int64_t j0, int64_t t0, int len, int g, float *sc) {
+__device__ void tile_scores(const AttnCore &a, const float *qs, int64_t j0, int64_t t0, int len, int g, float *sc) {
   const int hw = threadIdx.x / 16, l = threadIdx.x % 16;
   const int64_t e0 = int64_t(g) * a.head_dim;
   for (int kk0 = 0; kk0 < len; kk0 += kThreads / 16) {  // every half-warp of the warp loops alike
@@ -105,7 +133,8 @@ __device__ __forceinline__ float exp_f(float x) { return float(exp(double(x))); 
 // three passes over the keys (max; exp and sum; weighted sum of V), the scores held in
 // shared memory when the keys fit one tile and recomputed per pass otherwise.
 template <KvType KT, KvType VT>
-__global__ void __launch_bounds__(kThreads) attention_kernel(AttnParams a) {
+__global__ void __launch_bounds__(kThreads) attention_kernel(AttnParams a0) {
+  const AttnCore a = for_row(a0, int(blockIdx.y));
   __shared__ float qs[kMaxHeadDim];
   __shared__ float sc[kTile];
   __shared__ float red_f[kThreads / 32];
@@ -113,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnParams a) {
   const int h = blockIdx.x, r = blockIdx.y;
   const int g = h / a.group;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int64_t p = *a.pos0 + r;
+  const int64_t p = *a.pos0 + (r - a.row_base);
   const int64_t j0 = a.window > 0 ? (p - a.window + 1 > 0 ? p - a.window + 1 : int64_t(0)) : 0;
   const int64_t n_keys = p - j0 + 1;
   const int n_tiles = int((n_keys + kTile - 1) / kTile);
@@ -208,14 +237,15 @@ constexpr int kSplits = 8;
 constexpr int kRowGroup = 64;  // queries per launch pair (bounds the partials' scratch)
 
 template <KvType KT, KvType VT>
-__global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnParams a, int row0, float *__restrict__ part) {
+__global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnParams a0, int row0, float *__restrict__ part) {
+  const AttnCore a = for_row(a0, row0 + int(blockIdx.z));
   __shared__ float qs[kMaxHeadDim];
   __shared__ float sc[kChunk];
   __shared__ float red_f[kThreads / 32];
   const int s = blockIdx.x, h = blockIdx.y, rr = blockIdx.z, r = row0 + rr;
   const int g = h / a.group;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int64_t p = *a.pos0 + r;
+  const int64_t p = *a.pos0 + (r - a.row_base);
   const int64_t j0 = a.window > 0 ? (p - a.window + 1 > 0 ? p - a.window + 1 : int64_t(0)) : 0;
   const int64_t c_lo = j0 / kChunk, c_hi = p / kChunk;
   const float *q = a.q + (size_t(r) * a.n_head + h) * a.head_dim;
@@ -286,7 +316,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnParams a,
 }
 
 // out = (sum_s f_s o_s) * (1 / sum_s f_s l_s), f_s = exp(m_s - M), splits in order.
-__global__ void __launch_bounds__(kThreads) attention_merge_kernel(AttnParams a, int row0, const float *__restrict__ part) {
+__global__ void __launch_bounds__(kThreads) attention_merge_kernel(AttnCore a, int row0, const float *__restrict__ part) {
   const int h = blockIdx.x, rr = blockIdx.y;
   const float *pp = part + (size_t(rr) * a.n_head + h) * kSplits * size_t(a.head_dim + 2);
   const size_t st = size_t(a.head_dim + 2);
@@ -350,11 +380,31 @@ Status kv_append(KvType t, void *ring, int64_t capacity, int64_t row_elems, cons
     return bad_arg("cuda::kv_append: bad n_rows (must be <= capacity) or null pos0/src");
   }
   if (n_rows == 0) return Status::ok();
+  SeqRings one;
+  one.n = 1;
+  one.row0[1] = n_rows;
+  one.pos0[0] = pos0;
+  one.k[0] = ring;
+  one.capacity[0] = capacity;
+  return kv_append_seqs(t, one, false, row_elems, src, s);
+}
+
+Status kv_append_seqs(KvType t, const SeqRings &sq, bool v_rings, int64_t row_elems, const float *src, CudaStream s) {
+  if (sq.n < 1 || sq.n > kMaxStepSeqs || sq.row0[0] != 0) return bad_arg("cuda::kv_append: bad sequence table");
+  for (int i = 0; i < sq.n; ++i) {
+    const int n = sq.row0[i + 1] - sq.row0[i];
+    GEIST_RETURN_IF_ERROR(check_ring(t, v_rings ? sq.v[i] : sq.k[i], sq.capacity[i], row_elems, "cuda::kv_append"));
+    if (n < 1 || n > sq.capacity[i] || sq.pos0[i] == nullptr) {
+      return bad_arg("cuda::kv_append: bad n_rows (must be <= capacity) or null pos0/src");
+    }
+  }
+  const int n_rows = sq.row0[sq.n];
+  if (src == nullptr) return bad_arg("cuda::kv_append: bad n_rows (must be <= capacity) or null pos0/src");
   const dim3 grid(unsigned(n_rows), unsigned((row_elems + 255) / 256));
   const size_t rb = kv_row_bytes(t, row_elems);
   dispatch_kv(t, [&](auto tag) {
     constexpr KvType T = decltype(tag)::value;
-    kv_append_kernel<T><<<grid, 256, 0, s>>>(static_cast<uint8_t *>(ring), capacity, row_elems, rb, pos0, src);
+    kv_append_kernel<T><<<grid, 256, 0, s>>>(sq, v_rings, row_elems, rb, src);
   });
   return launch_status("cuda::kv_append");
 }
@@ -409,31 +459,20 @@ size_t attention_scratch_bytes(int n_head, int head_dim) {
   return size_t(kRowGroup) * size_t(n_head) * kSplits * size_t(head_dim + 2) * sizeof(float);
 }
 
-Status attention(const AttnArgs &a, CudaStream s) {
+namespace {
+
+Status check_attn(const AttnArgs &a) {
   if (!kv_type_ok(a.k_type) || !kv_type_ok(a.v_type)) return bad_arg("cuda::attention: unknown KV type");
   if (a.n_rows < 0 || a.n_head <= 0 || a.n_head_kv <= 0 || a.n_head % a.n_head_kv != 0 || a.head_dim <= 0 ||
-      a.head_dim > kMaxHeadDim || a.capacity <= 0 || a.window < 0 || a.n_head > 65535 || a.n_rows > 65535 ||
+      a.head_dim > kMaxHeadDim || a.window < 0 || a.n_head > 65535 || a.n_rows > 65535 ||
       ((a.k_type == KvType::Q8_0 || a.v_type == KvType::Q8_0) && (int64_t(a.n_head_kv) * a.head_dim) % 32 != 0)) {
     return bad_arg("cuda::attention: bad shape (n_head % n_head_kv, head_dim up to 512, capacity, q8_0 rows a "
                    "multiple of 32)");
   }
-  if (a.n_rows == 0) return Status::ok();
-  if (!a.q || !a.k || !a.v || !a.out || !a.pos0) return bad_arg("cuda::attention: null pointer");
-  AttnParams p;
-  p.q = a.q;
-  p.k = static_cast<const uint8_t *>(a.k);
-  p.v = static_cast<const uint8_t *>(a.v);
-  p.out = a.out;
-  p.pos0 = a.pos0;
-  p.capacity = a.capacity;
-  const int64_t row_elems = int64_t(a.n_head_kv) * a.head_dim;
-  p.k_row_bytes = kv_row_bytes(a.k_type, row_elems);
-  p.v_row_bytes = kv_row_bytes(a.v_type, row_elems);
-  p.n_head = a.n_head;
-  p.group = a.n_head / a.n_head_kv;
-  p.head_dim = a.head_dim;
-  p.window = a.window;
-  p.scale = a.scale;
+  return Status::ok();
+}
+
+Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {
   if (a.scratch == nullptr || reference_kernels()) {
     const dim3 grid(unsigned(a.n_head), unsigned(a.n_rows));
     dispatch_kv(a.k_type, [&](auto tag_k) {
@@ -454,9 +493,56 @@ Status attention(const AttnArgs &a, CudaStream s) {
         attention_split_kernel<KT, VT><<<grid, kThreads, 0, s>>>(p, row0, part);
       });
     });
-    attention_merge_kernel<<<dim3(unsigned(a.n_head), unsigned(nr)), kThreads, 0, s>>>(p, row0, part);
+    attention_merge_kernel<<<dim3(unsigned(a.n_head), unsigned(nr)), kThreads, 0, s>>>(p.c, row0, part);
   }
   return launch_status("cuda::attention");
+}
+
+AttnParams params_of(const AttnArgs &a) {
+  AttnParams p{};
+  p.c.q = a.q;
+  p.c.k = static_cast<const uint8_t *>(a.k);
+  p.c.v = static_cast<const uint8_t *>(a.v);
+  p.c.out = a.out;
+  p.c.pos0 = a.pos0;
+  p.c.capacity = a.capacity;
+  const int64_t row_elems = int64_t(a.n_head_kv) * a.head_dim;
+  p.c.k_row_bytes = kv_row_bytes(a.k_type, row_elems);
+  p.c.v_row_bytes = kv_row_bytes(a.v_type, row_elems);
+  p.c.n_head = a.n_head;
+  p.c.group = a.n_head / a.n_head_kv;
+  p.c.head_dim = a.head_dim;
+  p.c.window = a.window;
+  p.c.scale = a.scale;
+  p.c.row_base = 0;
+  p.seqs.n = 0;
+  return p;
+}
+
+}  // namespace
+
+Status attention(const AttnArgs &a, CudaStream s) {
+  GEIST_RETURN_IF_ERROR(check_attn(a));
+  if (a.capacity <= 0) return bad_arg("cuda::attention: bad shape (capacity <= 0)");
+  if (a.n_rows == 0) return Status::ok();
+  if (!a.q || !a.k || !a.v || !a.out || !a.pos0) return bad_arg("cuda::attention: null pointer");
+  return run_attention(a, params_of(a), s);
+}
+
+Status attention_seqs(const AttnArgs &a, const SeqRings &sq, CudaStream s) {
+  GEIST_RETURN_IF_ERROR(check_attn(a));
+  if (sq.n < 1 || sq.n > kMaxStepSeqs || sq.row0[0] != 0 || sq.row0[sq.n] != a.n_rows) {
+    return bad_arg("cuda::attention: bad sequence table");
+  }
+  for (int i = 0; i < sq.n; ++i) {
+    if (sq.row0[i + 1] <= sq.row0[i] || !sq.k[i] || !sq.v[i] || !sq.pos0[i] || sq.capacity[i] <= 0) {
+      return bad_arg("cuda::attention: bad sequence table entry");
+    }
+  }
+  if (!a.q || !a.out) return bad_arg("cuda::attention: null pointer");
+  AttnParams p = params_of(a);
+  p.seqs = sq;
+  return run_attention(a, p, s);
 }
 
 }  // namespace geist::cuda

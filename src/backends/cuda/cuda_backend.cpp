@@ -350,26 +350,50 @@ class CudaExec final : public Exec {
     record("rope", key(4, x.p, n_rows, n_heads, head_dim, rot_dim, cs.p),
            [=, s = stream_] { return cuda::rope_neox(x.p, n_rows, n_heads, head_dim, rot_dim, cs.p, s); });
   }
-  void kv_append(int l, Act k, Act v) override {
-    for (size_t i = 0; i < seqs_.size(); ++i) {
-      CudaKvStore &c = *seqs_[i].kv;
-      const int64_t rf = c.spec(l).row_floats, cap = c.capacity(l);
-      const KvType tk = c.type_k(), tv = c.type_v();
-      void *kr = c.k(l), *vr = c.v(l);
-      const int64_t *p0 = pos0(i);
-      const int n = seqs_[i].n;
-      const float *kp = k.rows_from(seqs_[i].row0).p, *vp = v.rows_from(seqs_[i].row0).p;
-      record("storing K rows", key(5, int(tk), kr, cap, rf, n, kp, p0),
-             [=, s = stream_] { return cuda::kv_append(tk, kr, cap, rf, p0, n, kp, s); });
-      record("storing V rows", key(5, int(tv), vr, cap, rf, n, vp, p0),
-             [=, s = stream_] { return cuda::kv_append(tv, vr, cap, rf, p0, n, vp, s); });
+  // kv_append and attention run the step's sequences in groups of up to kMaxStepSeqs
+  // consecutive ones whose KV stores have the same types: one launch each per group.
+  template <class F>
+  void for_each_group(int l, F &&f) {
+    size_t i = 0;
+    while (i < seqs_.size()) {
+      const CudaKvStore &c0 = *seqs_[i].kv;
+      cuda::SeqRings t;
+      uint64_t h = key(int(c0.type_k()), int(c0.type_v()), c0.spec(l).row_floats);
+      const int row_first = seqs_[i].row0;
+      size_t e = i;
+      while (e < seqs_.size() && e - i < size_t(cuda::kMaxStepSeqs) && seqs_[e].kv->type_k() == c0.type_k() &&
+             seqs_[e].kv->type_v() == c0.type_v()) {
+        CudaKvStore &c = *seqs_[e].kv;
+        const int g = int(e - i);
+        t.pos0[g] = pos0(e);
+        t.k[g] = c.k(l);
+        t.v[g] = c.v(l);
+        t.capacity[g] = c.capacity(l);
+        t.row0[g + 1] = seqs_[e].row0 + seqs_[e].n - row_first;
+        h = mix(h, key(t.pos0[g], t.k[g], t.v[g], t.capacity[g], t.row0[g + 1]));
+        ++e;
+      }
+      t.n = int(e - i);
+      f(c0, t, row_first, h);
+      i = e;
     }
+  }
+  void kv_append(int l, Act k, Act v) override {
+    for_each_group(l, [&](const CudaKvStore &c, const cuda::SeqRings &t, int row_first, uint64_t h) {
+      const int64_t rf = c.spec(l).row_floats;
+      const KvType tk = c.type_k(), tv = c.type_v();
+      const float *kp = k.rows_from(row_first).p, *vp = v.rows_from(row_first).p;
+      record("storing K rows", mix(h, key(5, kp)),
+             [=, s = stream_] { return cuda::kv_append_seqs(tk, t, false, rf, kp, s); });
+      record("storing V rows", mix(h, key(5, vp)),
+             [=, s = stream_] { return cuda::kv_append_seqs(tv, t, true, rf, vp, s); });
+    });
   }
   void attention(int l, Act q, Act out, int n_head, int head_dim, int window, float scale) override {
     // The split kernel's scratch: sized by the largest (heads, head dim) seen, which the
     // warm-up step at session creation reaches. A smaller one already recorded into this
-    // step stays allocated until the step ends. Sequences run one after another on the
-    // stream, so they share it.
+    // step stays allocated until the step ends. Groups run one after another on the stream,
+    // so they share it.
     const size_t need = cuda::attention_scratch_bytes(n_head, head_dim);
     if (attn_scratch_bytes_ < need) {
       void *p = nullptr;
@@ -378,29 +402,22 @@ class CudaExec final : public Exec {
       attn_scratch_ = p;
       attn_scratch_bytes_ = need;
     }
-    for (size_t i = 0; i < seqs_.size(); ++i) {
-      const CudaKvStore &c = *seqs_[i].kv;
+    for_each_group(l, [&](const CudaKvStore &c, const cuda::SeqRings &t, int row_first, uint64_t h) {
       cuda::AttnArgs a;
-      a.q = q.rows_from(seqs_[i].row0).p;
-      a.k = c.k(l);
-      a.v = c.v(l);
+      a.q = q.rows_from(row_first).p;
       a.k_type = c.type_k();
       a.v_type = c.type_v();
-      a.out = out.rows_from(seqs_[i].row0).p;
-      a.n_rows = seqs_[i].n;
-      a.pos0 = pos0(i);
-      a.capacity = c.capacity(l);
+      a.out = out.rows_from(row_first).p;
+      a.n_rows = t.row0[t.n];
       a.n_head = n_head;
       a.n_head_kv = int(c.spec(l).row_floats / head_dim);
       a.head_dim = head_dim;
       a.window = window;
       a.scale = scale;
       a.scratch = attn_scratch_;
-      record("attention",
-             key(6, a.q, a.k, a.v, int(a.k_type), int(a.v_type), a.out, a.n_rows, a.capacity, n_head, a.n_head_kv,
-                 head_dim, window, scale, a.scratch, a.pos0),
-             [=, s = stream_] { return cuda::attention(a, s); });
-    }
+      record("attention", mix(h, key(6, a.q, a.out, n_head, a.n_head_kv, head_dim, window, scale, a.scratch)),
+             [=, s = stream_] { return cuda::attention_seqs(a, t, s); });
+    });
   }
   void gelu_mul(Act gate, Act up, Act out, int64_t n) override {
     record("gelu_mul", key(7, gate.p, up.p, out.p, n),

@@ -224,4 +224,24 @@ size_t attention_scratch_bytes(int n_head, int head_dim);
 // scores recomputed per pass beyond one tile.
 Status attention(const AttnArgs &a, CudaStream s);
 
+// Several sequences (sessions decoding together) in one launch: rows [row0[i], row0[i + 1])
+// of the step belong to sequence i, at positions *pos0[i] + (r - row0[i]) of its own rings
+// k[i] and v[i] of capacity[i] rows (all of the same types and row width). Each row gets
+// exactly what a launch for its sequence alone gives it.
+constexpr int kMaxStepSeqs = 16;
+struct SeqRings {
+  int n = 0;
+  int row0[kMaxStepSeqs + 1] = {};
+  const int64_t *pos0[kMaxStepSeqs] = {};
+  void *k[kMaxStepSeqs] = {};
+  void *v[kMaxStepSeqs] = {};
+  int64_t capacity[kMaxStepSeqs] = {};
+};
+// kv_append of rows [0, s.row0[s.n]) of src into each sequence's K rings (v_rings false)
+// or V rings (true).
+Status kv_append_seqs(KvType t, const SeqRings &s, bool v_rings, int64_t row_elems, const float *src, CudaStream st);
+// attention with the sequences' rings and positions (a's k, v, pos0, capacity are unused;
+// a.n_rows must be s.row0[s.n]).
+Status attention_seqs(const AttnArgs &a, const SeqRings &s, CudaStream st);
+
 }  // namespace geist::cuda
