@@ -102,6 +102,22 @@ TEST(CpuOps, AttentionCausalAndSlidingMatchNaive) {
   }
 }
 
+// The pool's softcap is the serial loop's, element for element, for any thread count.
+TEST(CpuOps, SoftcapOverThePoolIsTheSerialLoop) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 40.0f);
+  std::vector<float> x(262144 + 17);
+  for (float &v : x) v = d(rng);
+  std::vector<float> want = x;
+  for (float &v : want) v = 30.0f * std::tanh(v / 30.0f);
+  for (int threads : {1, 2, 3, 8}) {
+    ThreadPool pool(threads);
+    std::vector<float> got = x;
+    softcap(got.data(), 30.0f, int64_t(got.size()), pool);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], want[i]) << i << " threads " << threads;
+  }
+}
+
 TEST(CpuOps, GeluMulMatchesTanhFormula) {
   std::vector<float> g = {-3, -1, 0, 0.5f, 2, 8}, u = {1, 2, 3, 4, 5, 6}, out(6);
   gelu_mul(g.data(), u.data(), out.data(), 6);

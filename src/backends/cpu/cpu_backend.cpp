@@ -277,7 +277,7 @@ class CpuExec final : public Exec {
   }
   void softcap(Act x, float cap, int64_t n) override {
     const OpProfile::Scope ps = scope("softcap");
-    for (int64_t i = 0; i < n; ++i) x.p[i] = cap * std::tanh(x.p[i] / cap);
+    cpu::softcap(x.p, cap, n, pool_);
   }
   void copy_cols(Act src, int64_t col0, Act dst, int n_rows) override {
     const OpProfile::Scope ps = scope("copy_cols");

@@ -401,6 +401,12 @@ void gelu_mul(const float *gate, const float *up, float *out, int64_t n, ThreadP
   });
 }
 
+void softcap(float *x, float cap, int64_t n, ThreadPool &pool) {
+  parallel_ranges(n, 16384, pool, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) x[i] = cap * std::tanh(x[i] / cap);
+  });
+}
+
 void rmsnorm(float *x, const float *g, int64_t n_vec, int64_t dim, float eps, ThreadPool &pool) {
   parallel_ranges(n_vec, std::max<int64_t>(1, 8192 / dim), pool,
                   [&](int64_t b, int64_t e) { rmsnorm(x + b * dim, g, e - b, dim, eps); });

@@ -77,6 +77,11 @@ void rope_neox(float *x, int n_rows, int n_heads, int head_dim, int rot_dim, con
 // x[i] += y[i]
 void add_inplace(float *x, const float *y, int64_t n);
 
+// x[i] = cap * tanh(x[i] / cap) (libm's tanhf), split over the pool: each element computed
+// as the single-threaded loop does, so the same bits (the logits' final softcap: 262144
+// per row on Gemma).
+void softcap(float *x, float cap, int64_t n, ThreadPool &pool);
+
 // Frequencies of one RoPE (base, rotated width, linear scale, optional frequency factors):
 // omega_i = scale * base^(-2i/rot_dim) / ff_i. Angles are evaluated in double and rounded
 // once, so the table is as exact as f32 allows at any position.
