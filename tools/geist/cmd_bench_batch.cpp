@@ -4,8 +4,13 @@
 // -n steps are timed. Reported per S, median over -r repetitions: ms per step, aggregate
 // tokens/s (S tokens per step), and the ratio to one session's throughput measured in the
 // same run (S = 1 through the same call, which is decode_step's cost).
+// --concurrent instead runs each session's -n decode_steps on its own thread, all at once
+// (sessions of one process share its worker pool): the aggregate tokens/s and, per session,
+// the P95 of its step times (the spread between sessions shows the pool's fairness).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <thread>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -23,12 +28,14 @@ struct BatchOptions {
   BenchCommon c;
   std::vector<int> sessions = {1, 2, 4, 8, 16};
   int n_prompt = 128, n_gen = 64, reps = 3, threads = 0;
+  bool concurrent = false;
 };
 
 struct BatchResult {
   int sessions = 0;
   std::vector<double> samples_ms;  // time of the -n steps, per repetition
   double median_ms = 0;
+  std::vector<double> p95_step_ms;  // --concurrent: each session's P95 step time (last repetition)
 };
 
 double median(std::vector<double> v) {
@@ -63,7 +70,32 @@ bool run_one(const api::Model &m, const std::vector<geist_token> &corpus, const 
       if (!e) e = ss[size_t(i)]->prefill(prompt.data(), prompt.size());
     }
     const auto t0 = std::chrono::steady_clock::now();
-    for (int k = 0; k < o.n_gen && !e; ++k) e = api::Session::decode_batch(ss, &toks);
+    if (o.concurrent) {
+      std::vector<std::vector<double>> step_ms(static_cast<size_t>(S));
+      std::vector<api::Error> errs(static_cast<size_t>(S));
+      std::vector<std::thread> th;
+      for (int i = 0; i < S; ++i) {
+        th.emplace_back([&, i] {
+          geist_token t = 0;
+          for (int k = 0; k < o.n_gen && !errs[size_t(i)]; ++k) {
+            const auto a = std::chrono::steady_clock::now();
+            errs[size_t(i)] = ss[size_t(i)]->decode_step(&t);
+            step_ms[size_t(i)].push_back(
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+          }
+        });
+      }
+      for (auto &t : th) t.join();
+      for (const api::Error &x : errs)
+        if (x && !e) e = x;
+      r->p95_step_ms.clear();
+      for (std::vector<double> &v : step_ms) {
+        std::sort(v.begin(), v.end());
+        r->p95_step_ms.push_back(v.empty() ? 0 : v[std::min(v.size() - 1, size_t(0.95 * double(v.size())))]);
+      }
+    } else {
+      for (int k = 0; k < o.n_gen && !e; ++k) e = api::Session::decode_batch(ss, &toks);
+    }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (rep > 0) r->samples_ms.push_back(ms);
     progress.step();
@@ -94,11 +126,20 @@ int run(const BatchOptions &o) {
   const bench::Environment env = collect_environment("batch", model, o.c.model, bench_threads(o.threads),
                                                      int64_t(o.n_prompt) + o.n_gen + 2, o.c.hash);
   std::printf("%s\n", bench::environment_text(env).c_str());
-  std::printf("decode of S sessions together (geist_decode_batch): each prefilled with its own %d tokens, then %d "
-              "steps timed; median of %d repetitions after a warm-up\n\n",
-              o.n_prompt, o.n_gen, o.reps);
-  std::printf("| sessions | ms/step | aggregate t/s | t/s per session | vs 1 session |\n");
-  std::printf("| -------: | ------: | ------------: | --------------: | -----------: |\n");
+  if (o.concurrent) {
+    std::printf("S sessions decoding at once, each on its own thread (decode_step): each prefilled with its own %d "
+                "tokens, then %d steps timed; median of %d repetitions after a warm-up; P95 of each session's step "
+                "times (last repetition), lowest and highest session\n\n",
+                o.n_prompt, o.n_gen, o.reps);
+    std::printf("| sessions | ms/step | aggregate t/s | t/s per session | vs 1 session | P95 step ms min / max |\n");
+    std::printf("| -------: | ------: | ------------: | --------------: | -----------: | -------------------: |\n");
+  } else {
+    std::printf("decode of S sessions together (geist_decode_batch): each prefilled with its own %d tokens, then %d "
+                "steps timed; median of %d repetitions after a warm-up\n\n",
+                o.n_prompt, o.n_gen, o.reps);
+    std::printf("| sessions | ms/step | aggregate t/s | t/s per session | vs 1 session |\n");
+    std::printf("| -------: | ------: | ------------: | --------------: | -----------: |\n");
+  }
   double one = 0;
   for (const BatchResult &r : results)
     if (r.sessions == 1) one = double(o.n_gen) / (r.median_ms / 1e3);
@@ -106,12 +147,18 @@ int run(const BatchOptions &o) {
   for (const BatchResult &r : results) {
     const double step_ms = r.median_ms / o.n_gen;
     const double agg = double(r.sessions) * o.n_gen / (r.median_ms / 1e3);
-    std::printf("| %8d | %7.3f | %13.1f | %15.1f | %12s |\n", r.sessions, step_ms, agg, agg / r.sessions,
+    std::printf("| %8d | %7.3f | %13.1f | %15.1f | %12s |", r.sessions, step_ms, agg, agg / r.sessions,
                 one > 0 ? fmt("%.2fx", agg / one).c_str() : "-");
+    if (o.concurrent && !r.p95_step_ms.empty()) {
+      const auto [lo, hi] = std::minmax_element(r.p95_step_ms.begin(), r.p95_step_ms.end());
+      std::printf(" %20s |", fmt("%.2f / %.2f", *lo, *hi).c_str());
+    }
+    std::printf("\n");
     pts.push_back({{"sessions", r.sessions},
                    {"ms_per_step", step_ms},
                    {"aggregate_tps", agg},
-                   {"samples_ms", r.samples_ms}});
+                   {"samples_ms", r.samples_ms},
+                   {"p95_step_ms", r.p95_step_ms}});
   }
   const nlohmann::json doc{{"schema", "geist-bench/1"},
                            {"command", "batch"},
@@ -121,7 +168,8 @@ int run(const BatchOptions &o) {
                              {"n_prompt", o.n_prompt},
                              {"n_gen", o.n_gen},
                              {"repetitions", o.reps},
-                             {"threads", o.threads}}},
+                             {"threads", o.threads},
+                             {"concurrent", o.concurrent}}},
                            {"results", pts}};
   return write_outputs(o.c, doc, "") ? 0 : 1;
 }
@@ -145,6 +193,9 @@ Runner add_bench_batch(CLI::App &bench) {
       ->capture_default_str()
       ->check(int_range(1, 100000));
   sub->add_option("-t,--threads", o->threads, "Threads (0: all)")->capture_default_str()->check(int_range(0, 512));
+  sub->add_flag("--concurrent", o->concurrent,
+                "Each session decodes on its own thread with decode_step, all at once, instead of one "
+                "geist_decode_batch step for all");
   return [o] { return run(*o); };
 }
 
