@@ -1,9 +1,11 @@
 // ThreadPool: every task runs exactly once per run(), results are complete when run()
 // returns, for any thread count, across many back-to-back generations, and with several
-// pools running at once on more threads than cores (each caller must finish on its own).
+// pools running at once on more threads than cores (each caller must finish on its own),
+// and one shared pool taking runs from many threads at once.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -54,6 +56,43 @@ TEST(ThreadPoolUnit, SeveralPoolsOversubscribed) {
   }
   for (auto &t : callers) t.join();
   EXPECT_EQ(wrong.load(), 0);
+}
+
+// ThreadPool::shared: one pool per thread count, freed with its last holder; many threads
+// calling run() on it at once (more than it has job slots) each get every one of their
+// tasks run exactly once, and the workers help every job.
+TEST(ThreadPoolUnit, SharedPoolRunsConcurrentCallersJobs) {
+  std::shared_ptr<ThreadPool> a = ThreadPool::shared(3), b = ThreadPool::shared(3), c = ThreadPool::shared(2);
+  EXPECT_EQ(a.get(), b.get());
+  EXPECT_NE(a.get(), c.get());
+  EXPECT_EQ(a->n_threads(), 3);
+  std::weak_ptr<ThreadPool> w = c;
+  c.reset();
+  EXPECT_TRUE(w.expired());
+  constexpr int kCallers = 40, kRuns = 60;  // more callers than the pool's 32 job slots
+  std::atomic<int> failures{0}, by_workers{0};
+  std::vector<std::thread> callers;
+  for (int k = 0; k < kCallers; ++k) {
+    callers.emplace_back([&, k] {
+      std::shared_ptr<ThreadPool> pool = ThreadPool::shared(3);
+      for (int r = 0; r < kRuns; ++r) {
+        const int n = 2 + (k * 7 + r) % 50;
+        std::vector<int> hits(size_t(n), 0);
+        pool->run(n, [&](int task, int thread) {
+          volatile int spin = 0;  // long enough tasks that the runs overlap in time
+          for (int i = 0; i < 2000; ++i) spin = spin + 1;
+          hits[size_t(task)] += 1;
+          if (thread != 0) by_workers.fetch_add(1, std::memory_order_relaxed);
+        });
+        for (int t = 0; t < n; ++t) {
+          if (hits[size_t(t)] != 1) failures.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto &t : callers) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_GT(by_workers.load(), 0);
 }
 
 }  // namespace

@@ -154,17 +154,17 @@ class CpuKvStore final : public KvStore {
 
 class CpuExec final : public Exec {
  public:
-  CpuExec(int n_threads, int max_chunk) : pool_(n_threads), max_rows_(max_chunk) {
+  CpuExec(int n_threads, int max_chunk) : pool_(ThreadPool::shared(n_threads)), max_rows_(max_chunk) {
     if (OpProfile::enabled()) profile_ = std::make_unique<OpProfile>();
   }
   ~CpuExec() override {
     if (profile_) {
-      profile_->print("CPU, " + cpu::isa_description() + " tier, " + std::to_string(pool_.n_threads()) + " threads",
+      profile_->print("CPU, " + cpu::isa_description() + " tier, " + std::to_string(pool_->n_threads()) + " threads",
                       "wall time of each op");
     }
   }
 
-  int n_threads() const override { return pool_.n_threads(); }
+  int n_threads() const override { return pool_->n_threads(); }
 
   Act buffer(int slot, int64_t width) override {
     if (slot >= int(bufs_.size())) bufs_.resize(size_t(slot) + 1);
@@ -214,25 +214,25 @@ class CpuExec final : public Exec {
     }
     const OpProfile::Scope ps(profile_.get(), profile_ ? profile_label(label, n_rows) : std::string());
     if (n_mat == 1) {
-      cpu::matmul(*ws[0], x.p, ys[0].p, n_rows, pool_);
+      cpu::matmul(*ws[0], x.p, ys[0].p, n_rows, *pool_);
       return;
     }
     float *y[4];
     for (int m = 0; m < n_mat; ++m) y[m] = ys[m].p;
-    cpu::matmul_shared_input(ws, n_mat, x.p, y, n_rows, pool_);
+    cpu::matmul_shared_input(ws, n_mat, x.p, y, n_rows, *pool_);
   }
   void rmsnorm(Act x, const WeightView *g, int64_t n_vec, int64_t dim, float eps, Act out) override {
     const OpProfile::Scope ps = scope("rmsnorm");
     const float *gp = g ? reinterpret_cast<const float *>(g->data) : nullptr;
     if (out.p == x.p) {
-      cpu::rmsnorm(x.p, gp, n_vec, dim, eps, pool_);
+      cpu::rmsnorm(x.p, gp, n_vec, dim, eps, *pool_);
     } else {
-      cpu::rmsnorm_to(x.p, gp, out.p, n_vec, dim, eps, pool_);
+      cpu::rmsnorm_to(x.p, gp, out.p, n_vec, dim, eps, *pool_);
     }
   }
   void rope(Act x, int n_rows, int n_heads, int head_dim, int rot_dim, Act cs) override {
     const OpProfile::Scope ps = scope("rope");
-    cpu::rope_neox(x.p, n_rows, n_heads, head_dim, rot_dim, cs.p, pool_);
+    cpu::rope_neox(x.p, n_rows, n_heads, head_dim, rot_dim, cs.p, *pool_);
   }
   void kv_append(int l, Act k, Act v) override {
     const OpProfile::Scope ps = scope("storing KV rows");
@@ -256,12 +256,12 @@ class CpuExec final : public Exec {
                            scale,
                            c.type_k(),
                            c.type_v()};
-      cpu::attention(a, pool_);
+      cpu::attention(a, *pool_);
     }
   }
   void gelu_mul(Act gate, Act up, Act out, int64_t n) override {
     const OpProfile::Scope ps = scope("gelu_mul");
-    cpu::gelu_mul(gate.p, up.p, out.p, n, pool_);
+    cpu::gelu_mul(gate.p, up.p, out.p, n, *pool_);
   }
   void add(Act x, Act y, int64_t n) override {
     const OpProfile::Scope ps = scope("add");
@@ -277,7 +277,7 @@ class CpuExec final : public Exec {
   }
   void softcap(Act x, float cap, int64_t n) override {
     const OpProfile::Scope ps = scope("softcap");
-    cpu::softcap(x.p, cap, n, pool_);
+    cpu::softcap(x.p, cap, n, *pool_);
   }
   void copy_cols(Act src, int64_t col0, Act dst, int n_rows) override {
     const OpProfile::Scope ps = scope("copy_cols");
@@ -291,7 +291,9 @@ class CpuExec final : public Exec {
     return OpProfile::Scope(profile_.get(), profile_ ? profile_label(op, n_rows_) : std::string());
   }
 
-  ThreadPool pool_;
+  // The process's pool of this many threads, shared with every other session asking for as
+  // many (ThreadPool::shared): N sessions do not start N pools.
+  std::shared_ptr<ThreadPool> pool_;
   std::unique_ptr<OpProfile> profile_;  // GEIST_PROFILE=1
   int max_rows_;
   std::vector<std::vector<float>> bufs_;
