@@ -231,7 +231,8 @@ void BM_PeakReadBandwidth(benchmark::State &st) {
   static std::vector<uint64_t> buf(n, 1);
   std::vector<uint64_t> sums(size_t(pool().n_threads()) * 8);  // one cache line per task
   // The widest loads of the tier in use (GEIST_ISA=avx2 measures the AVX2 loop on any CPU).
-  const bool w512 = cpu::active_isa() == cpu::Isa::Avx512, w256 = w512 || cpu::active_isa() == cpu::Isa::Avx2;
+  const bool w512 = cpu::active_isa() == cpu::Isa::Avx512,
+             w256 = w512 || cpu::active_isa() == cpu::Isa::Avx2 || cpu::active_isa() == cpu::Isa::Avx2Vnni;
   for (auto _ : st) {
     const int T = pool().n_threads();
     pool().run(T, [&](int task, int) {

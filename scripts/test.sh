@@ -16,7 +16,10 @@ cmake --build --preset release -j"$jobs"
 ctest --preset release -j"$jobs"
 # The lower ISA tiers end to end (the release run above used the best one this CPU has):
 # batch invariance of sessions, the C ABI and the kernels' own tests on each.
-for isa in generic avx2; do
+isas="generic avx2"
+# The avx2vnni tier where the CPU has AVX-VNNI (GEIST_ISA would fall back to the best tier).
+if grep -qw avx_vnni /proc/cpuinfo 2>/dev/null; then isas="$isas avx2vnni"; fi
+for isa in $isas; do
   echo "test.sh: GEIST_ISA=$isa"
   GEIST_ISA=$isa ctest --test-dir build/release -R '^(SessionPinInt|Snapshot|CApi|Tiers/|CpuIsa|CpuElementwise|CpuOps|Tiny/Gemma4Logits)' \
     -j"$jobs" --output-on-failure

@@ -23,7 +23,7 @@ namespace geist::cpu {
 namespace {
 
 bool tier_missing(Isa isa) {
-  return static_cast<int>(isa) > static_cast<int>(best_isa());
+  return !isa_supported(isa);
 }
 
 // A K or V ring of cap rows of [n_kv][hd]: the typed bytes and the f32 they read back as.
@@ -176,7 +176,7 @@ std::string param_name(const ::testing::TestParamInfo<std::tuple<Isa, KvTypes>> 
 
 // Every type for both rings, and K and V of different types (-ctk / -ctv).
 INSTANTIATE_TEST_SUITE_P(TiersAndTypes, CpuAttentionKv,
-                         ::testing::Combine(::testing::Values(Isa::Generic, Isa::Avx2, Isa::Avx512),
+                         ::testing::Combine(::testing::Values(Isa::Generic, Isa::Avx2, Isa::Avx2Vnni, Isa::Avx512),
                                             ::testing::Values(KvTypes{KvType::F32, KvType::F32},
                                                               KvTypes{KvType::F16, KvType::F16},
                                                               KvTypes{KvType::BF16, KvType::BF16},

@@ -40,7 +40,7 @@ class CpuKernels : public ::testing::TestWithParam<std::tuple<Isa, Case>> {};
 
 TEST_P(CpuKernels, PackedEqualsGenericBitForBit) {
   const auto [isa, c] = GetParam();
-  if (static_cast<int>(isa) > static_cast<int>(best_isa())) {
+  if (!isa_supported(isa)) {
     GEIST_SKIP(std::string("this CPU has no ") + isa_name(isa) + " tier (best: " + isa_name(best_isa()) + ")");
   }
   std::mt19937 rng(77 + static_cast<int>(c.type) * 131 + int(c.K) + int(c.N));
@@ -107,7 +107,7 @@ const Case kCases[] = {
 };
 
 INSTANTIATE_TEST_SUITE_P(Tiers, CpuKernels,
-                         ::testing::Combine(::testing::Values(Isa::Avx2, Isa::Avx512), ::testing::ValuesIn(kCases)),
+                         ::testing::Combine(::testing::Values(Isa::Avx2, Isa::Avx2Vnni, Isa::Avx512), ::testing::ValuesIn(kCases)),
                          [](const auto &info) {
                            return std::string(isa_name(std::get<0>(info.param))) + "_" +
                                   case_name(std::get<1>(info.param));
@@ -144,8 +144,20 @@ TEST(CpuIsa, ParseAndNames) {
   EXPECT_EQ(i, Isa::Avx2);
   EXPECT_TRUE(parse_isa("generic", &i));
   EXPECT_EQ(i, Isa::Generic);
+  EXPECT_TRUE(parse_isa("avx2vnni", &i));
+  EXPECT_EQ(i, Isa::Avx2Vnni);
   EXPECT_FALSE(parse_isa("sse9", &i));
   EXPECT_STREQ(isa_name(Isa::Avx512), "avx512");
+  EXPECT_STREQ(isa_name(Isa::Avx2Vnni), "avx2vnni");
+  EXPECT_TRUE(isa_supported(Isa::Generic));
+  // A tier is supported only with everything it needs; the best one is always supported.
+  EXPECT_TRUE(isa_supported(best_isa()));
+  if (isa_supported(Isa::Avx2Vnni)) {
+    EXPECT_TRUE(cpu_features().avxvnni);
+  }
+  if (isa_supported(Isa::Avx512)) {
+    EXPECT_TRUE(cpu_features().avx512vnni);
+  }
 }
 
 }  // namespace
@@ -154,7 +166,7 @@ TEST(CpuIsa, ParseAndNames) {
 namespace geist::cpu {
 namespace {
 
-bool tier_missing(Isa isa) { return static_cast<int>(isa) > static_cast<int>(best_isa()); }
+bool tier_missing(Isa isa) { return !isa_supported(isa); }
 
 // Attention on a tier against the generic exact softmax (tolerance: the tier's exp and
 // FMA), and batch invariance on the tier: the rows of a chunk computed all at once, one at
@@ -209,7 +221,7 @@ TEST_P(CpuAttention, MatchesGenericAndIsBatchInvariant) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiers, CpuAttention, ::testing::Values(Isa::Avx2, Isa::Avx512),
+INSTANTIATE_TEST_SUITE_P(Tiers, CpuAttention, ::testing::Values(Isa::Avx2, Isa::Avx2Vnni, Isa::Avx512),
                          [](const auto &info) { return std::string(isa_name(info.param)); });
 
 // The pool's gelu on the tier in use against libm's tanh, over lengths with every tail.

@@ -149,9 +149,9 @@ typedef struct geist_model_info {
 GEIST_API geist_status geist_model_get_info(const geist_model *m, geist_model_info *out);
 
 /* Where a model runs: its backend and device, and for the CPU the ISA tier chosen at start
- * (CPUID + XGETBV, lowered by GEIST_ISA=generic|avx2|avx512). */
+ * (CPUID + XGETBV, or GEIST_ISA=generic|avx2|avx2vnni|avx512 where the CPU supports it). */
 typedef struct geist_backend_info {
-  const char *isa;         /* "avx512", "avx2" or "generic"; static storage */
+  const char *isa;         /* "avx512", "avx2vnni", "avx2" or "generic"; static storage */
   const char *isa_detail;  /* e.g. "avx512 (F BW DQ VL VNNI BF16)"; valid while the model lives */
   const char *isa_best;    /* the highest tier this CPU supports; static storage */
   uint64_t packed_bytes;   /* bytes the backend holds for the weights: repacked on the CPU (0

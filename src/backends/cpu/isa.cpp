@@ -54,8 +54,20 @@ CpuFeatures detect() {
 Isa best_of(const CpuFeatures &f) {
   const bool v3 = f.avx2 && f.fma && f.f16c;
   if (v3 && f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl && f.avx512vnni) return Isa::Avx512;
+  if (v3 && f.avxvnni) return Isa::Avx2Vnni;
   if (v3) return Isa::Avx2;
   return Isa::Generic;
+}
+
+bool supported_by(const CpuFeatures &f, Isa isa) {
+  const bool v3 = f.avx2 && f.fma && f.f16c;
+  switch (isa) {
+    case Isa::Generic: return true;
+    case Isa::Avx2: return v3;
+    case Isa::Avx2Vnni: return v3 && f.avxvnni;
+    case Isa::Avx512: return v3 && f.avx512f && f.avx512bw && f.avx512dq && f.avx512vl && f.avx512vnni;
+  }
+  return false;
 }
 
 Isa choose() {
@@ -64,12 +76,12 @@ Isa choose() {
   if (!env || !*env) return best;
   Isa want;
   if (!parse_isa(env, &want)) {
-    std::fprintf(stderr, "geist: GEIST_ISA=%s is not one of generic, avx2, avx512; using %s\n", env,
+    std::fprintf(stderr, "geist: GEIST_ISA=%s is not one of generic, avx2, avx2vnni, avx512; using %s\n", env,
                  isa_name(best));
     return best;
   }
-  if (static_cast<int>(want) > static_cast<int>(best)) {
-    std::fprintf(stderr, "geist: GEIST_ISA=%s is above what this CPU supports; using %s\n", env, isa_name(best));
+  if (!isa_supported(want)) {
+    std::fprintf(stderr, "geist: GEIST_ISA=%s is not supported by this CPU; using %s\n", env, isa_name(best));
     return best;
   }
   return want;
@@ -90,6 +102,14 @@ Isa best_isa() {
 #endif
 }
 
+bool isa_supported(Isa isa) {
+#if defined(GEIST_GENERIC_ONLY)
+  return isa == Isa::Generic;
+#else
+  return supported_by(cpu_features(), isa);
+#endif
+}
+
 Isa active_isa() {
   static const Isa isa = choose();
   return isa;
@@ -99,6 +119,7 @@ const char *isa_name(Isa isa) {
   switch (isa) {
     case Isa::Avx512: return "avx512";
     case Isa::Avx2: return "avx2";
+    case Isa::Avx2Vnni: return "avx2vnni";
     case Isa::Generic: break;
   }
   return "generic";
@@ -107,6 +128,7 @@ const char *isa_name(Isa isa) {
 bool parse_isa(const std::string &s, Isa *out) {
   if (s == "generic") *out = Isa::Generic;
   else if (s == "avx2") *out = Isa::Avx2;
+  else if (s == "avx2vnni") *out = Isa::Avx2Vnni;
   else if (s == "avx512") *out = Isa::Avx512;
   else return false;
   return true;
@@ -118,6 +140,7 @@ std::string isa_description() {
   std::string s = isa_name(isa);
   if (isa == Isa::Avx512) s += std::string(" (F BW DQ VL VNNI") + (f.avx512bf16 ? " BF16" : "") + ")";
   if (isa == Isa::Avx2) s += " (AVX2 FMA F16C)";
+  if (isa == Isa::Avx2Vnni) s += " (AVX2 FMA F16C AVX-VNNI)";
   if (isa != best_isa()) s += std::string(", lowered by GEIST_ISA from ") + isa_name(best_isa());
   return s;
 }

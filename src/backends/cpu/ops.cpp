@@ -261,7 +261,7 @@ void matmul_generic(const WeightView &w, const float *x, float *y, int n_rows, T
 }
 
 bool matmul_on_tier(Isa isa, const WeightView &w, const float *x, float *y, int n_rows, ThreadPool &pool) {
-  if (static_cast<int>(isa) > static_cast<int>(best_isa())) return false;
+  if (!isa_supported(isa)) return false;
   if (FloatGemmFn ffn = float_fn(w, isa)) {
     matmul_float(ffn, w, x, y, n_rows, 0, w.n_out, pool);
     return true;
@@ -599,7 +599,7 @@ void attention(const AttentionArgs &a, ThreadPool &pool) { attention_on_tier(act
 void attention_on_tier(Isa isa, const AttentionArgs &a, ThreadPool &pool) {
   GEIST_CHECK((a.k_type != KvType::Q8_0 && a.v_type != KvType::Q8_0) || a.head_dim % 32 == 0,
               "q8_0 KV needs head_dim a multiple of 32");
-  const TierKernels *tk = static_cast<int>(isa) <= static_cast<int>(best_isa()) ? tier_kernels(isa) : nullptr;
+  const TierKernels *tk = isa_supported(isa) ? tier_kernels(isa) : nullptr;
   if (!tk || !tk->attn_chunk || a.head_dim % tk->lanes != 0) {
     attention_generic(a, pool);
     return;

@@ -4,7 +4,7 @@
 
 namespace geist::cpu {
 namespace {
-std::atomic<uint64_t> g_calls[3];
+std::atomic<uint64_t> g_calls[4];  // by Isa
 }
 
 GemmFn TierKernels::for_type(quant::GgmlType t) const {
@@ -32,6 +32,7 @@ const TierKernels *tier_kernels(Isa isa) {
 #if defined(__x86_64__)
   if (isa == Isa::Avx512) return tier_kernels_avx512();
   if (isa == Isa::Avx2) return tier_kernels_avx2();
+  if (isa == Isa::Avx2Vnni) return tier_kernels_avx2vnni();
 #endif
   (void)isa;
   return nullptr;

@@ -80,6 +80,7 @@ void count_tier_call(Isa isa);
 
 // Defined in the tier translation units.
 const TierKernels *tier_kernels_avx2();
+const TierKernels *tier_kernels_avx2vnni();
 const TierKernels *tier_kernels_avx512();
 
 }  // namespace geist::cpu

@@ -1,5 +1,8 @@
 // The AVX2 tier: AVX2 + FMA + F16C (compiled with those -m flags; runs only where isa.cpp
 // found them). A packed group of 16 rows is processed as two halves of 8 lanes.
+// Compiled a second time as the avx2vnni tier (tier_avx2vnni.cpp defines
+// GEIST_TIER_AVXVNNI, adds -mavxvnni): the int8 dot products become AVX-VNNI's vpdpbusd
+// (Alder Lake and later without AVX-512), everything else is this file's.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -15,13 +18,25 @@ namespace {
 
 #include "backends/cpu/simd_math_impl.h"
 
+#if defined(GEIST_TIER_AVXVNNI)
+constexpr Isa kIsa = Isa::Avx2Vnni;
+#else
+constexpr Isa kIsa = Isa::Avx2;
+#endif
+
 struct Avx2 {
   using I = __m256i;
   using F = __m256;
   static constexpr int L = 8;
   static constexpr int RT = 4;
+#if defined(GEIST_TIER_AVXVNNI)
+  // Q8_0 as stored (int8 + 128, unsigned) x the signed activations; the kernel takes
+  // 128 * sum(x) back off (qgemm_impl.h), as on the AVX-512 tier.
+  static constexpr int kQ8Offset = 128;
+#else
   // Q8_0 is multiplied signed x signed (dp_q8 flips the stored + 128 back), so no offset.
   static constexpr int kQ8Offset = 0;
+#endif
   static constexpr int kAttnDv = 2;
   static constexpr int kFloatWT = 2;  // float GEMM tile: 2 weight rows x 3 activation rows
   static constexpr int kFloatRT = 3;
@@ -45,6 +60,11 @@ struct Avx2 {
   static I or_hi2_shl2(I lo, I hv) { return _mm256_or_si256(lo, hi2(_mm256_slli_epi16(hv, 2))); }
   static I or_hi2_shl0(I lo, I hv) { return _mm256_or_si256(lo, hi2(hv)); }
   static I or_hi2_shr2(I lo, I hv) { return _mm256_or_si256(lo, hi2(_mm256_srli_epi16(hv, 2))); }
+#if defined(GEIST_TIER_AVXVNNI)
+  // u8 x s8, four products summed into each int32 lane (exact: no int16 step).
+  static I dp(I acc, I w, int32_t x) { return _mm256_dpbusd_avx_epi32(acc, w, _mm256_set1_epi32(x)); }
+  static I dp_q8(I acc, I w, int32_t x) { return dp(acc, w, x); }
+#else
   // u8 (<= 63) x s8: the int16 pair sums stay below 2^15, so maddubs does not saturate.
   static I dp(I acc, I w, int32_t x) {
     const I p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(x));
@@ -56,6 +76,7 @@ struct Avx2 {
     const I p = _mm256_maddubs_epi16(_mm256_abs_epi8(ws), _mm256_sign_epi8(_mm256_set1_epi32(x), ws));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
   }
+#endif
   static I dpwssd(I acc, I w, int32_t x) { return _mm256_add_epi32(acc, _mm256_madd_epi16(w, _mm256_set1_epi32(x))); }
   static I add(I a, I b) { return _mm256_add_epi32(a, b); }
   static I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
@@ -125,13 +146,13 @@ using quant::GgmlType;
 
 template <GgmlType T>
 void run(const GemmArgs &a, int64_t g0, int64_t g1) {
-  count_tier_call(Isa::Avx2);
+  count_tier_call(kIsa);
   K::gemm<T>(a, g0, g1);
 }
 
 template <GgmlType T>
 void run_float(const FloatGemmArgs &a, int64_t n0, int64_t n1) {
-  count_tier_call(Isa::Avx2);
+  count_tier_call(kIsa);
   FloatGemm<Avx2>::gemm<T>(a, n0, n1);
 }
 
@@ -147,12 +168,16 @@ void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
   Elementwise<Avx2>::gelu_mul(gate, up, out, n);
 }
 
-const TierKernels kTable{Isa::Avx2,           run<GgmlType::Q8_0>, run<GgmlType::Q4_0>, run<GgmlType::Q5_0>,
+const TierKernels kTable{kIsa,                run<GgmlType::Q8_0>, run<GgmlType::Q4_0>, run<GgmlType::Q5_0>,
                          run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_chunk, gelu_mul, 8,
                          run_float<GgmlType::F32>, run_float<GgmlType::F16>, run_float<GgmlType::BF16>};
 
 }  // namespace
 
+#if defined(GEIST_TIER_AVXVNNI)
+const TierKernels *tier_kernels_avx2vnni() { return &kTable; }
+#else
 const TierKernels *tier_kernels_avx2() { return &kTable; }
+#endif
 
 }  // namespace geist::cpu
