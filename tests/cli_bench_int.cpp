@@ -258,6 +258,27 @@ TEST(CliBench, RowsListAndRange) {
   EXPECT_NE(range.out.find("| 16 (neighbour)"), std::string::npos) << range.out;
 }
 
+// bench batch: decode_batch steps and --concurrent threads; the JSON follows the schema.
+TEST(CliBench, BatchBothWays) {
+  TempDir dir;
+  const std::string js = dir.file("b.json");
+  const ProcResult r = run_geist(
+      {"bench", "batch", "-m", tiny(), "-S", "1,3", "-n", "4", "-p", "5", "-r", "1", "--json", js, "--no-progress"});
+  expect_ok(r);
+  for (const char *s : {"geist bench batch", "| sessions", "aggregate t/s", "1.00x"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << "no '" << s << "' in\n" << r.out;
+  const json j = load_checked(js, "batch");
+  ASSERT_TRUE(j.is_object());
+  ASSERT_EQ(j["results"].size(), 2u);
+  EXPECT_EQ(j["results"][1]["sessions"], 3);
+  EXPECT_EQ(j["params"]["concurrent"], false);
+  const ProcResult c = run_geist({"bench", "batch", "-m", tiny(), "-S", "2", "-n", "3", "-p", "4", "-r", "1",
+                                  "--concurrent", "--no-progress"});
+  expect_ok(c);
+  EXPECT_NE(c.out.find("P95 step ms"), std::string::npos) << c.out;
+  expect_one_error_line(run_geist({"bench", "batch", "-m", tiny(), "--plot", dir.file("b.svg")}), {"--plot"});
+}
+
 TEST(CliBench, BadFlags) {
   const std::string m = tiny();
   expect_one_error_line(run_geist({"bench", "pinned", "-m", m, "--mode", "bogus"}),
@@ -315,7 +336,7 @@ TEST(CliBench, OutputsReplaceOnlyGeistFiles) {
 TEST(CliBench, Help) {
   const ProcResult r = run_geist({"bench", "--help"});
   expect_ok(r);
-  for (const char *s : {"pinned", "pp-tg", "rows"})
+  for (const char *s : {"pinned", "pp-tg", "rows", "batch"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s;
   const ProcResult top = run_geist({"--help"});
   EXPECT_NE(top.out.find("bench"), std::string::npos);

@@ -109,6 +109,10 @@ bool run_one(const api::Model &m, const std::vector<geist_token> &corpus, const 
 }
 
 int run(const BatchOptions &o) {
+  if (!o.c.plot.empty()) {
+    std::fprintf(stderr, "geist: error: --plot: bench batch draws no plot (its table and --json have the numbers)\n");
+    return 2;
+  }
   if (!outputs_writable(o.c)) return 1;
   api::Model model;
   if (!load_api_model(o.c.model, &model, nullptr, &o.c.dev)) return 1;
