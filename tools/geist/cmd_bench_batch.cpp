@@ -38,12 +38,6 @@ struct BatchResult {
   std::vector<double> p95_step_ms;  // --concurrent: each session's P95 step time (last repetition)
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 bool run_one(const api::Model &m, const std::vector<geist_token> &corpus, const BatchOptions &o, Progress &progress,
              BatchResult *r) {
   const int S = r->sessions;
@@ -89,10 +83,7 @@ bool run_one(const api::Model &m, const std::vector<geist_token> &corpus, const 
       for (const api::Error &x : errs)
         if (x && !e) e = x;
       r->p95_step_ms.clear();
-      for (std::vector<double> &v : step_ms) {
-        std::sort(v.begin(), v.end());
-        r->p95_step_ms.push_back(v.empty() ? 0 : v[std::min(v.size() - 1, size_t(0.95 * double(v.size())))]);
-      }
+      for (const std::vector<double> &v : step_ms) r->p95_step_ms.push_back(v.empty() ? 0 : bench::percentile(v, 95));
     } else {
       for (int k = 0; k < o.n_gen && !e; ++k) e = api::Session::decode_batch(ss, &toks);
     }
@@ -104,7 +95,7 @@ bool run_one(const api::Model &m, const std::vector<geist_token> &corpus, const 
     std::fprintf(stderr, "geist: error: %d sessions: %s\n", S, e.message.c_str());
     return false;
   }
-  r->median_ms = median(r->samples_ms);
+  r->median_ms = bench::percentile(r->samples_ms, 50);
   return true;
 }
 
