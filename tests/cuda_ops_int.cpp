@@ -677,7 +677,8 @@ struct AttnResult {
 // Builds the rings (every visible position written through kv_append in chunks), runs the
 // device attention and the CPU generic attention over the dequantized rings.
 // split: the fast path (scratch given); else the reference kernel.
-inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk = 0, bool split = true) {
+inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk = 0, bool split = true,
+                                bool any_head_dim = false) {
   ThreadPool pool(8);
   cu::CudaStream s = cuda_env().s;
   const int64_t row = int64_t(c.n_head_kv) * c.head_dim;
@@ -739,6 +740,7 @@ inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk 
     g.window = c.window;
     g.scale = scale;
     g.scratch = split ? scratch.as() : nullptr;
+    g.any_head_dim = any_head_dim;
     ok(cu::attention(g, s));
   }
   res.got = dout.get<float>(q.size());
@@ -826,6 +828,26 @@ CUDA_TEST(CudaOps, AttentionBatchInvariantOnDevice) {
   }
 }
 
+// The split kernel compiled for head dims 64/128/256/512 gives the bits of the one compiled
+// for any head dim: decode (1 row) and prefill-like (33 rows) queries, global and sliding,
+// rings that wrap, every KV type.
+CUDA_TEST(CudaOps, AttentionFixedHeadDimSameBits) {
+  REQUIRE_CUDA();
+  for (KvType t : kKvTypes) {
+    for (int hd : {64, 128, 256, 512}) {
+      for (const AttnCase &c : std::vector<AttnCase>{AttnCase{1, 8, 2, hd, 0, 700, 800, t, t},
+                                                     AttnCase{33, 4, 1, hd, 0, 130, 200, t, t},
+                                                     AttnCase{9, 8, 2, hd, 100, 1000, 100 + 8, t, t}}) {
+        SCOPED_TRACE(describe(c));
+        std::mt19937 rng_a(43), rng_b(43);
+        const AttnResult fixed = run_attention(c, rng_a, 0, true, false);
+        const AttnResult any = run_attention(c, rng_b, 0, true, true);
+        ASSERT_TRUE(bits_equal(fixed.got.data(), any.got.data(), any.got.size()));
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace geist
 
@@ -894,6 +916,17 @@ CUDA_TEST(CudaOps, DISABLED_Perf) {
       }
     }
   }
+  DevBuf xn(randn(size_t(512) * 2560, rng));
+  const double ms = time_ms([&] { (void)cu::rmsnorm(xn.as<float>(), nullptr, xn.as<float>(), 512, 2560, 1e-6f, s); }, 5);
+  std::printf("PERF rmsnorm 512 x 2560: %.3f ms\n", ms);
+  const double ms1 = time_ms([&] { (void)cu::rmsnorm(xn.as<float>(), nullptr, xn.as<float>(), 1, 2560, 1e-6f, s); }, 20);
+  std::printf("PERF rmsnorm 1 x 2560: %.4f ms\n", ms1);
+}
+
+// Attention timings alone (--gtest_filter='*PerfAttention' --gtest_also_run_disabled_tests).
+CUDA_TEST(CudaOps, DISABLED_PerfAttention) {
+  REQUIRE_CUDA();
+  cu::CudaStream s = cuda_env().s;
   for (KvType t : {KvType::F32, KvType::F16, KvType::Q8_0}) {
     for (int64_t cached : {600, 4096}) {
       for (int rows : {1, 64, 512}) {
@@ -923,18 +956,13 @@ CUDA_TEST(CudaOps, DISABLED_Perf) {
         double ms[2];
         for (int split = 0; split < 2; ++split) {
           g.scratch = split ? scratch.as() : nullptr;
-          ms[split] = time_ms([&] { (void)cu::attention(g, s); }, 3);
+          ms[split] = time_ms([&] { (void)cu::attention(g, s); }, split ? 20 : 3);
         }
         std::printf("PERF attention %-4s rows %3d at %4lld cached, 8/2 heads, hd 256: split %8.3f ms, reference %8.3f ms\n",
                     kv_type_name(t), rows, (long long)cached, ms[1], ms[0]);
       }
     }
   }
-  DevBuf xn(randn(size_t(512) * 2560, rng));
-  const double ms = time_ms([&] { (void)cu::rmsnorm(xn.as<float>(), nullptr, xn.as<float>(), 512, 2560, 1e-6f, s); }, 5);
-  std::printf("PERF rmsnorm 512 x 2560: %.3f ms\n", ms);
-  const double ms1 = time_ms([&] { (void)cu::rmsnorm(xn.as<float>(), nullptr, xn.as<float>(), 1, 2560, 1e-6f, s); }, 20);
-  std::printf("PERF rmsnorm 1 x 2560: %.4f ms\n", ms1);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 // Typed KV rings (append, copy and host transfer by position) and attention.
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,18 +13,23 @@ namespace {
 
 constexpr unsigned kFull = 0xFFFFFFFFu;
 
+// f16 to f32 by the hardware conversion: the same value as quant::fp16_to_fp32 for every
+// non-NaN input (subnormals included; a NaN stays a NaN), without its loop over subnormals,
+// which keeps the attention kernels' unrolled loads in registers.
+__device__ __forceinline__ float kv_f16(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
 // Element e of a KV row of type T (kv_type.h).
 template <KvType T>
 __device__ __forceinline__ float kv_elem(const uint8_t *row, int64_t e) {
   if constexpr (T == KvType::F32) {
     return reinterpret_cast<const float *>(row)[e];
   } else if constexpr (T == KvType::F16) {
-    return dev::fp16_to_fp32(reinterpret_cast<const uint16_t *>(row)[e]);
+    return kv_f16(reinterpret_cast<const uint16_t *>(row)[e]);
   } else if constexpr (T == KvType::BF16) {
     return dev::bf16_to_fp32(reinterpret_cast<const uint16_t *>(row)[e]);
   } else {
     const uint8_t *b = row + (e / 32) * 34;
-    return __fmul_rn(dev::fp16_to_fp32(dev::ld_u16(b)), float(int8_t(b[2 + e % 32])));
+    return __fmul_rn(kv_f16(uint16_t(dev::ld_u16(b))), float(int8_t(b[2 + e % 32])));
   }
 }
 
@@ -31,23 +37,38 @@ __device__ __forceinline__ float kv_elem(const uint8_t *row, int64_t e) {
 
 // grid (n_rows, row_elems / 256 rounded up), 256 threads: one element per thread; for Q8_0
 // a warp is one 32-element block (row_elems % 32 == 0, so warps never straddle a row end).
-// Row r's sequence in a table of n (row0 ascending, row0[0] = 0).
+// Row r's sequence in a table of n (row0 ascending, row0[0] = 0). Both lookups run over the
+// whole table with constant indices: a variable index into a kernel parameter would copy the
+// table to local memory, on every launch of the single-session path too.
 __device__ __forceinline__ int seq_of_row(const SeqRings &t, int r) {
   int i = 0;
-  while (i + 1 < t.n && r >= t.row0[i + 1]) ++i;
+#pragma unroll
+  for (int j = 1; j < kMaxStepSeqs; ++j) {
+    if (j < t.n && r >= t.row0[j]) i = j;
+  }
   return i;
+}
+template <class T, int N>
+__device__ __forceinline__ T pick(const T (&a)[N], int i) {
+  T v = a[0];
+#pragma unroll
+  for (int j = 1; j < N; ++j) {
+    if (j == i) v = a[j];
+  }
+  return v;
 }
 
 // rings: the table's K (v_rings false) or V rings.
 template <KvType T>
 __global__ void kv_append_kernel(SeqRings t, bool v_rings, int64_t row_elems, size_t row_bytes,
                                  const float *__restrict__ src) {
+  dev::pdl_start();
   const int r = blockIdx.x;
   const int64_t e = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (e >= row_elems) return;
   const int i = seq_of_row(t, r);
-  const int64_t slot = (*t.pos0[i] + (r - t.row0[i])) % t.capacity[i];
-  uint8_t *row = static_cast<uint8_t *>(v_rings ? t.v[i] : t.k[i]) + size_t(slot) * row_bytes;
+  const int64_t slot = (*pick(t.pos0, i) + (r - pick(t.row0, i))) % pick(t.capacity, i);
+  uint8_t *row = static_cast<uint8_t *>(v_rings ? pick(t.v, i) : pick(t.k, i)) + size_t(slot) * row_bytes;
   const float v = src[size_t(r) * row_elems + e];
   if constexpr (T == KvType::F32) {
     reinterpret_cast<float *>(row)[e] = v;
@@ -98,11 +119,11 @@ __device__ __forceinline__ AttnCore for_row(const AttnParams &a, int r) {
   AttnCore b = a.c;
   if (a.seqs.n > 0) {
     const int i = seq_of_row(a.seqs, r);
-    b.k = static_cast<const uint8_t *>(a.seqs.k[i]);
-    b.v = static_cast<const uint8_t *>(a.seqs.v[i]);
-    b.pos0 = a.seqs.pos0[i];
-    b.capacity = a.seqs.capacity[i];
-    b.row_base = a.seqs.row0[i];
+    b.k = static_cast<const uint8_t *>(pick(a.seqs.k, i));
+    b.v = static_cast<const uint8_t *>(pick(a.seqs.v, i));
+    b.pos0 = pick(a.seqs.pos0, i);
+    b.capacity = pick(a.seqs.capacity, i);
+    b.row_base = pick(a.seqs.row0, i);
   }
   return b;
 }
@@ -134,6 +155,7 @@ __device__ __forceinline__ float exp_f(float x) { return float(exp(double(x))); 
 // shared memory when the keys fit one tile and recomputed per pass otherwise.
 template <KvType KT, KvType VT>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttnParams a0) {
+  dev::pdl_start();
   const AttnCore a = for_row(a0, int(blockIdx.y));
   __shared__ float qs[kMaxHeadDim];
   __shared__ float sc[kTile];
@@ -236,9 +258,93 @@ constexpr int kChunk = 64;
 constexpr int kSplits = 8;
 constexpr int kRowGroup = 64;  // queries per launch pair (bounds the partials' scratch)
 
-template <KvType KT, KvType VT>
+// Ring slot of position ka + off, given s0 = ka % capacity (no 64-bit division per key).
+__device__ __forceinline__ int64_t slot_after(int64_t s0, int off, int64_t capacity) {
+  int64_t s = s0 + off;
+  while (s >= capacity) s -= capacity;
+  return s;
+}
+
+// The scores of the chunk's keys [ka, ka + len) into sc, as tile_scores computes them (one
+// half-warp per key, lane l summing elements l, l + 16, ... in order, then the tree), for a
+// head dim HD known at compile time: the q elements of a lane are held in registers and the
+// loads of kU keys per half-warp are issued before any of them is used.
+template <KvType KT, int HD>
+__device__ __forceinline__ void chunk_scores(const AttnCore &a, const float (&qr)[HD / 16], int64_t s0, int len,
+                                             int64_t e0, float *sc) {
+  constexpr int kPer = HD / 16, kU = kPer >= 32 ? 1 : 32 / kPer;
+  const int hw = threadIdx.x / 16, l = threadIdx.x % 16;
+  for (int kk0 = 0; kk0 < len; kk0 += (kThreads / 16) * kU) {  // uniform over the block
+    float kv[kU][kPer];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int kk = kk0 + (kThreads / 16) * u + hw;
+      const uint8_t *row = a.k + size_t(slot_after(s0, kk < len ? kk : 0, a.capacity)) * a.k_row_bytes;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) kv[u][i] = kk < len ? kv_elem<KT>(row, e0 + l + 16 * i) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int kk = kk0 + (kThreads / 16) * u + hw;
+      float acc = 0.0f;
+      if (kk < len) {
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) acc = __fadd_rn(acc, __fmul_rn(qr[i], kv[u][i]));
+      }
+#pragma unroll
+      for (int o = 8; o >= 1; o /= 2) acc = __fadd_rn(acc, __shfl_down_sync(kFull, acc, o, 16));
+      if (l == 0 && kk < len) sc[kk] = __fmul_rn(acc, a.scale);
+    }
+  }
+}
+
+// o[i] += w_j * v_j[tid + kThreads i] for the chunk's keys in order, kVU keys' loads issued
+// before their products are added (HD known at compile time).
+template <KvType VT, int HD>
+__device__ __forceinline__ void chunk_values(const AttnCore &a, int64_t s0, int len, int64_t e0, const float *sc,
+                                             float (&o)[(HD + kThreads - 1) / kThreads]) {
+  constexpr int kDpt = (HD + kThreads - 1) / kThreads, kVU = 8;
+  const int tid = threadIdx.x;
+  int j = 0;
+  for (; j + kVU <= len; j += kVU) {
+    float vv[kVU][kDpt];
+#pragma unroll
+    for (int u = 0; u < kVU; ++u) {
+      const uint8_t *row = a.v + size_t(slot_after(s0, j + u, a.capacity)) * a.v_row_bytes;
+#pragma unroll
+      for (int i = 0; i < kDpt; ++i) {
+        const int d = tid + kThreads * i;
+        vv[u][i] = d < HD ? kv_elem<VT>(row, e0 + d) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kVU; ++u) {
+      const float w = sc[j + u];
+#pragma unroll
+      for (int i = 0; i < kDpt; ++i) {
+        if (tid + kThreads * i < HD) o[i] = __fadd_rn(o[i], __fmul_rn(w, vv[u][i]));
+      }
+    }
+  }
+  for (; j < len; ++j) {
+    const uint8_t *row = a.v + size_t(slot_after(s0, j, a.capacity)) * a.v_row_bytes;
+    const float w = sc[j];
+#pragma unroll
+    for (int i = 0; i < kDpt; ++i) {
+      const int d = tid + kThreads * i;
+      if (d < HD) o[i] = __fadd_rn(o[i], __fmul_rn(w, kv_elem<VT>(row, e0 + d)));
+    }
+  }
+}
+
+// HD > 0: the head dim, fixed at compile time (64, 128, 256, 512 with K and V of one type);
+// 0: any head dim. Both give the same bits.
+template <KvType KT, KvType VT, int HD>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnParams a0, int row0, float *__restrict__ part) {
+  dev::pdl_start();
+  constexpr int kDpt = HD > 0 ? (HD + kThreads - 1) / kThreads : kDimsPerThread;
   const AttnCore a = for_row(a0, row0 + int(blockIdx.z));
+  const int head_dim = HD > 0 ? HD : a.head_dim;
   __shared__ float qs[kMaxHeadDim];
   __shared__ float sc[kChunk];
   __shared__ float red_f[kThreads / 32];
@@ -248,20 +354,30 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnParams a0
   const int64_t p = *a.pos0 + (r - a.row_base);
   const int64_t j0 = a.window > 0 ? (p - a.window + 1 > 0 ? p - a.window + 1 : int64_t(0)) : 0;
   const int64_t c_lo = j0 / kChunk, c_hi = p / kChunk;
-  const float *q = a.q + (size_t(r) * a.n_head + h) * a.head_dim;
-  for (int i = tid; i < a.head_dim; i += kThreads) qs[i] = q[i];
+  const float *q = a.q + (size_t(r) * a.n_head + h) * head_dim;
+  for (int i = tid; i < head_dim; i += kThreads) qs[i] = q[i];
   float m = -INFINITY, l = 0.0f;
-  float o[kDimsPerThread];
+  float o[kDpt];
 #pragma unroll
-  for (int i = 0; i < kDimsPerThread; ++i) o[i] = 0.0f;
-  const int64_t e0 = int64_t(g) * a.head_dim;
+  for (int i = 0; i < kDpt; ++i) o[i] = 0.0f;
+  const int64_t e0 = int64_t(g) * head_dim;
   int64_t c = c_lo + ((s - c_lo % kSplits) % kSplits + kSplits) % kSplits;  // first chunk >= c_lo with c % kSplits == s
   __syncthreads();
+  float qr[HD > 0 ? HD / 16 : 1];
+  if constexpr (HD > 0) {
+#pragma unroll
+    for (int i = 0; i < HD / 16; ++i) qr[i] = qs[tid % 16 + 16 * i];
+  }
   for (; c <= c_hi; c += kSplits) {
     const int64_t ka = c * kChunk > j0 ? c * kChunk : j0;
     const int64_t kb = c * kChunk + kChunk - 1 < p ? c * kChunk + kChunk - 1 : p;
     const int len = int(kb - ka + 1);
-    tile_scores<KT>(a, qs, ka, 0, len, g, sc);
+    const int64_t s0 = ka % a.capacity;
+    if constexpr (HD > 0) {
+      chunk_scores<KT, HD>(a, qr, s0, len, e0, sc);
+    } else {
+      tile_scores<KT>(a, qs, ka, 0, len, g, sc);
+    }
     __syncthreads();
     // The chunk's maximum (NaN ignored), then the running one.
     float mc = -INFINITY;
@@ -289,34 +405,39 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnParams a0
     l = __fadd_rn(__fmul_rn(l, alpha), ls);
     // o = o * alpha + sum_j e_j v_j, keys in order.
 #pragma unroll
-    for (int i = 0; i < kDimsPerThread; ++i) o[i] = __fmul_rn(o[i], alpha);
+    for (int i = 0; i < kDpt; ++i) o[i] = __fmul_rn(o[i], alpha);
+    if constexpr (HD > 0) {
+      chunk_values<VT, HD>(a, s0, len, e0, sc, o);
+    } else {
 #pragma unroll 4
-    for (int j = 0; j < len; ++j) {
-      const uint8_t *row = a.v + size_t((ka + j) % a.capacity) * a.v_row_bytes;
-      const float w = sc[j];
+      for (int j = 0; j < len; ++j) {
+        const uint8_t *row = a.v + size_t(slot_after(s0, j, a.capacity)) * a.v_row_bytes;
+        const float w = sc[j];
 #pragma unroll
-      for (int i = 0; i < kDimsPerThread; ++i) {
-        const int d = tid + kThreads * i;
-        if (d < a.head_dim) o[i] = __fadd_rn(o[i], __fmul_rn(w, kv_elem<VT>(row, e0 + d)));
+        for (int i = 0; i < kDpt; ++i) {
+          const int d = tid + kThreads * i;
+          if (d < head_dim) o[i] = __fadd_rn(o[i], __fmul_rn(w, kv_elem<VT>(row, e0 + d)));
+        }
       }
     }
     m = mn;
     __syncthreads();  // sc and red_f are reused by the next chunk
   }
-  float *pp = part + ((size_t(rr) * a.n_head + h) * kSplits + s) * size_t(a.head_dim + 2);
+  float *pp = part + ((size_t(rr) * a.n_head + h) * kSplits + s) * size_t(head_dim + 2);
   if (tid == 0) {
     pp[0] = m;
     pp[1] = l;
   }
 #pragma unroll
-  for (int i = 0; i < kDimsPerThread; ++i) {
+  for (int i = 0; i < kDpt; ++i) {
     const int d = tid + kThreads * i;
-    if (d < a.head_dim) pp[2 + d] = o[i];
+    if (d < head_dim) pp[2 + d] = o[i];
   }
 }
 
 // out = (sum_s f_s o_s) * (1 / sum_s f_s l_s), f_s = exp(m_s - M), splits in order.
 __global__ void __launch_bounds__(kThreads) attention_merge_kernel(AttnCore a, int row0, const float *__restrict__ part) {
+  dev::pdl_start();
   const int h = blockIdx.x, rr = blockIdx.y;
   const float *pp = part + (size_t(rr) * a.n_head + h) * kSplits * size_t(a.head_dim + 2);
   const size_t st = size_t(a.head_dim + 2);
@@ -404,7 +525,7 @@ Status kv_append_seqs(KvType t, const SeqRings &sq, bool v_rings, int64_t row_el
   const size_t rb = kv_row_bytes(t, row_elems);
   dispatch_kv(t, [&](auto tag) {
     constexpr KvType T = decltype(tag)::value;
-    kv_append_kernel<T><<<grid, 256, 0, s>>>(sq, v_rings, row_elems, rb, src);
+    launch(kv_append_kernel<T>, grid, 256, s, sq, v_rings, row_elems, rb, src);
   });
   return launch_status("cuda::kv_append");
 }
@@ -478,7 +599,7 @@ Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {
     dispatch_kv(a.k_type, [&](auto tag_k) {
       dispatch_kv(a.v_type, [&](auto tag_v) {
         constexpr KvType KT = decltype(tag_k)::value, VT = decltype(tag_v)::value;
-        attention_kernel<KT, VT><<<grid, kThreads, 0, s>>>(p);
+        launch(attention_kernel<KT, VT>, grid, kThreads, s, p);
       });
     });
     return launch_status("cuda::attention");
@@ -490,10 +611,19 @@ Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {
     dispatch_kv(a.k_type, [&](auto tag_k) {
       dispatch_kv(a.v_type, [&](auto tag_v) {
         constexpr KvType KT = decltype(tag_k)::value, VT = decltype(tag_v)::value;
-        attention_split_kernel<KT, VT><<<grid, kThreads, 0, s>>>(p, row0, part);
+        bool fixed = false;
+        // (Q8_0 with head dim 512 would spill registers: it keeps the any-head-dim kernel.)
+        if constexpr (KT == VT) {
+          if (!a.any_head_dim && !(KT == KvType::Q8_0 && a.head_dim == 512)) {
+            fixed = dispatch_among<int, 64, 128, 256, 512>(a.head_dim, [&](auto tag_hd) {
+              launch(attention_split_kernel<KT, VT, decltype(tag_hd)::value>, grid, kThreads, s, p, row0, part);
+            });
+          }
+        }
+        if (!fixed) launch(attention_split_kernel<KT, VT, 0>, grid, kThreads, s, p, row0, part);
       });
     });
-    attention_merge_kernel<<<dim3(unsigned(a.n_head), unsigned(nr)), kThreads, 0, s>>>(p.c, row0, part);
+    launch(attention_merge_kernel, dim3(unsigned(a.n_head), unsigned(nr)), kThreads, s, p.c, row0, part);
   }
   return launch_status("cuda::attention");
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "backends/cuda/kernels.h"
 #include "quant/ggml_type.h"
@@ -31,7 +32,36 @@ bool dispatch_among(E t, F &&f) {
   return ((t == Vs ? (f(std::integral_constant<E, Vs>{}), true) : false) || ...);
 }
 
+// Programmatic dependent launch (sm_90 and later): launch() lets a kernel's blocks become
+// resident while the kernel before it in the stream is still running; every kernel starts
+// with dev::pdl_start(), which waits until that kernel has finished and its writes are
+// visible, and then lets the next kernel's blocks in. What a kernel reads and writes is
+// ordered exactly as without it; only the launch latency overlaps the previous kernel.
+// false where GEIST_CUDA_PDL=0 or the current device is older than sm_90.
+bool pdl_enabled();
+
+template <class... P, class... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, CudaStream s, A &&...args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);  // the error is read by launch_status
+}
+
 namespace dev {
+
+__device__ __forceinline__ void pdl_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 
 // Unaligned little-endian loads: block fields are not aligned in general.
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t *p) { return uint32_t(p[0]) | (uint32_t(p[1]) << 8); }

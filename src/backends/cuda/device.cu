@@ -1,6 +1,7 @@
 // Device queries, memory, streams and the mapping of CUDA errors to geist statuses.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -135,6 +136,24 @@ bool reference_kernels() {
     return e != nullptr && e[0] == '1';
   }();
   return v;
+}
+
+bool pdl_enabled() {
+  static const bool env_on = [] {
+    const char *e = std::getenv("GEIST_CUDA_PDL");
+    return !(e != nullptr && e[0] == '0');
+  }();
+  if (!env_on) return false;
+  // Compute capability by device ordinal, read once per device (0: not read yet).
+  static std::atomic<int> major[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  int m = major[dev].load(std::memory_order_relaxed);
+  if (m == 0) {
+    if (cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+    major[dev].store(m, std::memory_order_relaxed);
+  }
+  return m >= 9;
 }
 
 Status graph_capture_begin(CudaStream s) {

@@ -17,6 +17,7 @@ unsigned blocks_for(int64_t n, int per) { return unsigned((n + per - 1) / per); 
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_kernel(const float *x, const float *__restrict__ g, float *out, int64_t dim, float eps, float *h) {
+  dev::pdl_start();
   __shared__ double part[kThreads / 32];
   __shared__ float r_sh;
   const float *xv = x + size_t(blockIdx.x) * dim;
@@ -47,6 +48,7 @@ __global__ void __launch_bounds__(kThreads)
 // One thread per rotated pair (row, head, i < rot_dim / 2).
 __global__ void rope_neox_kernel(float *x, int n_rows, int n_heads, int head_dim, int rot_dim,
                                  const float *__restrict__ cs) {
+  dev::pdl_start();
   const int half = rot_dim / 2;
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= int64_t(n_rows) * n_heads * half) return;
@@ -65,6 +67,7 @@ __global__ void rope_neox_kernel(float *x, int n_rows, int n_heads, int head_dim
 __device__ __forceinline__ float tanh_f(float u) { return float(tanh(double(u))); }
 
 __global__ void gelu_mul_kernel(const float *__restrict__ gate, const float *__restrict__ up, float *out, int64_t n) {
+  dev::pdl_start();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float k = 0.7978845608028654f;
@@ -76,27 +79,32 @@ __global__ void gelu_mul_kernel(const float *__restrict__ gate, const float *__r
 }
 
 __global__ void add_kernel(float *x, const float *y, int64_t n) {
+  dev::pdl_start();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = __fadd_rn(x[i], y[i]);
 }
 
 __global__ void scale_kernel(float *x, float s, int64_t n) {
+  dev::pdl_start();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = __fmul_rn(x[i], s);
 }
 
 __global__ void add_scale_kernel(float *z, const float *t, float s, int64_t n) {
+  dev::pdl_start();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) z[i] = __fmul_rn(__fadd_rn(z[i], t[i]), s);
 }
 
 __global__ void softcap_kernel(float *x, int64_t n, float cap) {
+  dev::pdl_start();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = __fmul_rn(cap, tanh_f(__fdiv_rn(x[i], cap)));
 }
 
 __global__ void copy_cols_kernel(const float *__restrict__ src, int64_t src_stride, int64_t col0,
                                  float *__restrict__ dst, int64_t width) {
+  dev::pdl_start();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < width) dst[size_t(blockIdx.y) * width + i] = src[size_t(blockIdx.y) * src_stride + col0 + i];
 }
@@ -108,9 +116,9 @@ Status rmsnorm_add(const float *x, const float *g, float *out, float *h, int64_t
   if (n_vec < 0 || dim <= 0 || n_vec > 0x7FFFFFFF) return bad_arg("cuda::rmsnorm: bad shape");
   if (n_vec == 0) return Status::ok();
   if (dim <= 512) {
-    rmsnorm_kernel<64><<<unsigned(n_vec), 64, 0, s>>>(x, g, out, dim, eps, h);
+    launch(rmsnorm_kernel<64>, unsigned(n_vec), 64, s, x, g, out, dim, eps, h);
   } else {
-    rmsnorm_kernel<256><<<unsigned(n_vec), 256, 0, s>>>(x, g, out, dim, eps, h);
+    launch(rmsnorm_kernel<256>, unsigned(n_vec), 256, s, x, g, out, dim, eps, h);
   }
   return launch_status("cuda::rmsnorm");
 }
@@ -125,37 +133,37 @@ Status rope_neox(float *x, int n_rows, int n_heads, int head_dim, int rot_dim, c
   }
   const int64_t n = int64_t(n_rows) * n_heads * (rot_dim / 2);
   if (n == 0) return Status::ok();
-  rope_neox_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, n_rows, n_heads, head_dim, rot_dim, cs);
+  launch(rope_neox_kernel, blocks_for(n, 256), 256, s, x, n_rows, n_heads, head_dim, rot_dim, cs);
   return launch_status("cuda::rope_neox");
 }
 
 Status gelu_mul(const float *gate, const float *up, float *out, int64_t n, CudaStream s) {
   if (n <= 0) return n == 0 ? Status::ok() : bad_arg("cuda::gelu_mul: n < 0");
-  gelu_mul_kernel<<<blocks_for(n, 256), 256, 0, s>>>(gate, up, out, n);
+  launch(gelu_mul_kernel, blocks_for(n, 256), 256, s, gate, up, out, n);
   return launch_status("cuda::gelu_mul");
 }
 
 Status add_inplace(float *x, const float *y, int64_t n, CudaStream s) {
   if (n <= 0) return n == 0 ? Status::ok() : bad_arg("cuda::add_inplace: n < 0");
-  add_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, y, n);
+  launch(add_kernel, blocks_for(n, 256), 256, s, x, y, n);
   return launch_status("cuda::add_inplace");
 }
 
 Status scale_inplace(float *x, float scale, int64_t n, CudaStream s) {
   if (n <= 0) return n == 0 ? Status::ok() : bad_arg("cuda::scale_inplace: n < 0");
-  scale_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, scale, n);
+  launch(scale_kernel, blocks_for(n, 256), 256, s, x, scale, n);
   return launch_status("cuda::scale_inplace");
 }
 
 Status add_scale(float *z, const float *t, float scale, int64_t n, CudaStream s) {
   if (n <= 0) return n == 0 ? Status::ok() : bad_arg("cuda::add_scale: n < 0");
-  add_scale_kernel<<<blocks_for(n, 256), 256, 0, s>>>(z, t, scale, n);
+  launch(add_scale_kernel, blocks_for(n, 256), 256, s, z, t, scale, n);
   return launch_status("cuda::add_scale");
 }
 
 Status softcap(float *x, int64_t n, float cap, CudaStream s) {
   if (n <= 0) return n == 0 ? Status::ok() : bad_arg("cuda::softcap: n < 0");
-  softcap_kernel<<<blocks_for(n, 256), 256, 0, s>>>(x, n, cap);
+  launch(softcap_kernel, blocks_for(n, 256), 256, s, x, n, cap);
   return launch_status("cuda::softcap");
 }
 
@@ -165,7 +173,7 @@ Status copy_cols(const float *src, int64_t src_stride, int64_t col0, float *dst,
     return bad_arg("cuda::copy_cols: bad shape");
   }
   if (n_rows == 0 || width == 0) return Status::ok();
-  copy_cols_kernel<<<dim3(blocks_for(width, 256), unsigned(n_rows)), 256, 0, s>>>(src, src_stride, col0, dst, width);
+  launch(copy_cols_kernel, dim3(blocks_for(width, 256), unsigned(n_rows)), 256, s, src, src_stride, col0, dst, width);
   return launch_status("cuda::copy_cols");
 }
 

@@ -209,6 +209,9 @@ struct AttnArgs {
   int window = 0;             // keys [max(0, p - window + 1), p] visible; 0 = [0, p]
   float scale = 1.0f;
   void *scratch = nullptr;    // attention_scratch_bytes(n_head, head_dim) bytes: the split kernel
+  // The split kernel is compiled for head dims 64/128/256/512 (K and V of one type) and for
+  // any head dim; both give the same bits. true: the any-head-dim one (the tests compare).
+  bool any_head_dim = false;
 };
 // Device scratch the split kernel needs (any n_rows: queries go 64 at a time).
 size_t attention_scratch_bytes(int n_head, int head_dim);

@@ -59,6 +59,7 @@ bool type_geom(GgmlType t, TypeGeom *g) {
 // One warp per 32-element block; lane j holds element j.
 __global__ void quantize_q8_0_kernel(const float *__restrict__ x, int64_t K, int n_rows, int8_t *__restrict__ q,
                                      float *__restrict__ d) {
+  dev::pdl_start();
   const int lane = threadIdx.x % 32;
   const int64_t nb = K / 32;
   const int64_t blk = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -76,6 +77,7 @@ __global__ void quantize_q8_0_kernel(const float *__restrict__ x, int64_t K, int
 // One warp per 256-element block; lane j holds elements j + 32 t, t = 0..7.
 __global__ void quantize_q8_k_kernel(const float *__restrict__ x, int64_t K, int n_rows, int8_t *__restrict__ q,
                                      float *__restrict__ d) {
+  dev::pdl_start();
   const int lane = threadIdx.x % 32;
   const int64_t nb = K / 256;
   const int64_t blk = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
@@ -123,6 +125,7 @@ template <GgmlType T>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     matmul_q8_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
                      const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y, int n_rows) {
+  dev::pdl_start();
   using BI = dev::BlockInfo<T>;
   constexpr int kBs = BI::kBlock, kPer = kBs / 32;  // elements per lane per block
   constexpr bool kMin = BI::kDminOff >= 0;
@@ -180,6 +183,7 @@ template <GgmlType T>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     matmul_f32_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
                       const float *__restrict__ x, float *__restrict__ y, int n_rows) {
+  dev::pdl_start();
   const int lane = threadIdx.x % 32, l = lane % 16, half = lane / 16;
   const int64_t n = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (n >= n_out) return;
@@ -271,6 +275,7 @@ template <GgmlType T, int R>
 __global__ void __launch_bounds__(kMvOut * 16)
     matvec_f32_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
                       const float *__restrict__ x, float *__restrict__ y, int n_rows) {
+  dev::pdl_start();
   __shared__ __align__(16) float ws[kMvOut * kMvStride];
   __shared__ __align__(16) float xs[R * kMvTk];
   const int tid = threadIdx.x, o = tid / 16, l = tid % 16;
@@ -337,13 +342,13 @@ void launch_matvec_f32(const DevMatrix &w, const float *x, float *y, int n_rows,
   const dim3 grid(unsigned((w.n_out + kMvOut - 1) / kMvOut));
   const dim3 block(kMvOut * 16);
   if (n_rows == 1) {
-    matvec_f32_kernel<T, 1><<<grid, block, 0, s>>>(w.data, w.row_bytes, w.n_in, w.n_out, x, y, n_rows);
+    launch(matvec_f32_kernel<T, 1>, grid, block, s, w.data, w.row_bytes, w.n_in, w.n_out, x, y, n_rows);
   } else if (n_rows == 2) {
-    matvec_f32_kernel<T, 2><<<grid, block, 0, s>>>(w.data, w.row_bytes, w.n_in, w.n_out, x, y, n_rows);
+    launch(matvec_f32_kernel<T, 2>, grid, block, s, w.data, w.row_bytes, w.n_in, w.n_out, x, y, n_rows);
   } else if (n_rows <= 4) {
-    matvec_f32_kernel<T, 4><<<grid, block, 0, s>>>(w.data, w.row_bytes, w.n_in, w.n_out, x, y, n_rows);
+    launch(matvec_f32_kernel<T, 4>, grid, block, s, w.data, w.row_bytes, w.n_in, w.n_out, x, y, n_rows);
   } else {
-    matvec_f32_kernel<T, 8><<<grid, block, 0, s>>>(w.data, w.row_bytes, w.n_in, w.n_out, x, y, n_rows);
+    launch(matvec_f32_kernel<T, 8>, grid, block, s, w.data, w.row_bytes, w.n_in, w.n_out, x, y, n_rows);
   }
 }
 
@@ -352,6 +357,7 @@ void launch_matvec_f32(const DevMatrix &w, const float *x, float *y, int n_rows,
 template <GgmlType T>
 __global__ void embed_kernel(const uint8_t *__restrict__ table, size_t row_bytes, int64_t n_in, int64_t n_out,
                              const int32_t *__restrict__ ids, float scale, float *__restrict__ out) {
+  dev::pdl_start();
   const int r = blockIdx.y;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n_in) return;
@@ -388,9 +394,9 @@ QuantizedActs quantize_acts(const float *x, int64_t K, int n_rows, int act_block
                   reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + align_up(size_t(n_rows) * K, 256))};
   const dim3 grid(unsigned((K / act_block + 3) / 4), unsigned(n_rows));
   if (act_block == 32) {
-    quantize_q8_0_kernel<<<grid, 128, 0, s>>>(x, K, n_rows, a.q, a.d);
+    launch(quantize_q8_0_kernel, grid, 128, s, x, K, n_rows, a.q, a.d);
   } else {
-    quantize_q8_k_kernel<<<grid, 128, 0, s>>>(x, K, n_rows, a.q, a.d);
+    launch(quantize_q8_k_kernel, grid, 128, s, x, K, n_rows, a.q, a.d);
   }
   return a;
 }
@@ -444,7 +450,7 @@ Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode 
       if (n_rows <= 8 && !reference_kernels()) {
         launch_matvec_f32<T>(w, x, y, n_rows, s);
       } else {
-        matmul_f32_kernel<T><<<grid, block, 0, s>>>(w.data, w.row_bytes, K, w.n_out, x, y, n_rows);
+        launch(matmul_f32_kernel<T>, grid, block, s, w.data, w.row_bytes, K, w.n_out, x, y, n_rows);
       }
     });
     return launch_status("cuda::matmul (f32)");
@@ -460,7 +466,7 @@ Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode 
   }
   dispatch_q8(w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
-    matmul_q8_kernel<T><<<grid, block, 0, s>>>(w.data, w.row_bytes, K, w.n_out, xq, xd, y, n_rows);
+    launch(matmul_q8_kernel<T>, grid, block, s, w.data, w.row_bytes, K, w.n_out, xq, xd, y, n_rows);
   });
   return launch_status("cuda::matmul (q8)");
 }
@@ -500,7 +506,7 @@ Status embed(const DevMatrix &table, const int32_t *ids, int n, float scale, flo
   const dim3 grid(unsigned((table.n_in + 255) / 256), unsigned(n));
   dispatch_all(table.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
-    embed_kernel<T><<<grid, 256, 0, s>>>(table.data, table.row_bytes, table.n_in, table.n_out, ids, scale, out);
+    launch(embed_kernel<T>, grid, 256, s, table.data, table.row_bytes, table.n_in, table.n_out, ids, scale, out);
   });
   return launch_status("cuda::embed");
 }

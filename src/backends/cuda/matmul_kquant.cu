@@ -171,6 +171,7 @@ struct MvSet {
 template <GgmlType T, int R>
 __global__ void __launch_bounds__(kMvWarps * 32)
     matvec_kernel(MvSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd, int n_rows) {
+  dev::pdl_start();
   using L = KQ<T>;
   constexpr int kSegBytes = 32 / L::kSegs;
   const int lane = threadIdx.x % 32, g = lane / 8, t = lane % 8;
@@ -292,6 +293,7 @@ template <GgmlType T>
 __global__ void __launch_bounds__(128)
     matmul_mma_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
                       const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y, int n_rows) {
+  dev::pdl_start();
   using L = KQ<T>;
   constexpr int kNSub = 256 / L::kSub;
   constexpr bool kMin = L::kDminOff >= 0;
@@ -716,6 +718,7 @@ __global__ void __launch_bounds__(kSkWarps * 32)
     matmul_skinny_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
                          const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y,
                          int n_rows) {
+  dev::pdl_start();
   using L = KQ<T>;
   constexpr int kE = 4 * NR;  // f32 terms per lane: NR tiles x 4 accumulators
   __shared__ float vs[kSkRound][32 * kE];
@@ -774,7 +777,7 @@ bool dispatch_kquant(GgmlType t, F &&f) {
 template <GgmlType T, int R>
 void launch_matvec(const MvSet &set, int64_t K, const int8_t *xq, const float *xd, int n_rows, CudaStream s) {
   const dim3 grid(unsigned((set.first[set.n] + kMvWarps - 1) / kMvWarps));
-  matvec_kernel<T, R><<<grid, kMvWarps * 32, 0, s>>>(set, K, xq, xd, n_rows);
+  launch(matvec_kernel<T, R>, grid, kMvWarps * 32, s, set, K, xq, xd, n_rows);
 }
 
 }  // namespace
@@ -831,7 +834,7 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
           const float *dr = xd + size_t(r) * (K / 256);
           float *yr = ys[m] + size_t(r) * ws[m].n_out;
           auto go = [&](auto kernel) {
-            kernel<<<grid, kSkWarps * 32, 0, s>>>(ws[m].data, ws[m].row_bytes, K, ws[m].n_out, xr, dr, yr, nr);
+            launch(kernel, grid, kSkWarps * 32, s, ws[m].data, ws[m].row_bytes, K, ws[m].n_out, xr, dr, yr, nr);
           };
           if (nr <= 8) {
             go(matmul_skinny_kernel<T, 1>);
@@ -847,7 +850,7 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
     if (n_rows >= kquant_mma_min_rows() && n_rows > kquant_matvec_max_rows()) {
       for (int m = 0; m < n_mat; ++m) {
         const dim3 grid(unsigned((ws[m].n_out + kTile - 1) / kTile), unsigned((n_rows + kTile - 1) / kTile));
-        matmul_mma_kernel<T><<<grid, 128, 0, s>>>(ws[m].data, ws[m].row_bytes, K, ws[m].n_out, xq, xd, ys[m], n_rows);
+        launch(matmul_mma_kernel<T>, grid, 128, s, ws[m].data, ws[m].row_bytes, K, ws[m].n_out, xq, xd, ys[m], n_rows);
       }
       return;
     }
