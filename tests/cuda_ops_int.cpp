@@ -436,7 +436,7 @@ CUDA_TEST(CudaOps, RmsNormMatchesCpu) {
   // ~2 ulp (r's ulp through two roundings); 3 ulp is the bound asserted.
   auto ulp = [](float v) { return std::ldexp(1.0, std::max(-149, std::ilogb(std::max(std::fabs(v), 1e-38f)) - 23)); };
   size_t differing = 0, total = 0;
-  for (int64_t dim : {32, 64, 256, 512, 640, 1000, 2560}) {
+  for (int64_t dim : {32, 64, 256, 512, 640, 1000, 2560, 3072, 3073, 4096}) {
     for (int n_vec : {1, 7, 130}) {
       for (bool with_g : {true, false}) {
         std::vector<float> x = randn(size_t(n_vec) * dim, rng, 3.0f), g = randn(dim, rng);
@@ -461,6 +461,29 @@ CUDA_TEST(CudaOps, RmsNormMatchesCpu) {
     }
   }
   std::printf("rmsnorm: %zu of %zu outputs differ from the CPU's (each within 3 ulp)\n", differing, total);
+}
+
+// rmsnorm_add (out = norm(x) g in place of x, h += out) gives rmsnorm's bits for out and
+// h + out rounded once for h, on every kernel path (registers up to 3072, the loop above).
+CUDA_TEST(CudaOps, RmsNormAddIsNormThenAdd) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(13);
+  for (int64_t dim : {256, 640, 2560, 3072, 4096}) {
+    for (int n_vec : {1, 7}) {
+      const std::vector<float> x = randn(size_t(n_vec) * dim, rng, 3.0f), g = randn(dim, rng),
+                               h = randn(x.size(), rng, 5.0f);
+      DevBuf dx(x), dg(g), dh(h), dnorm(x.size() * 4);
+      CU_OK(cu::rmsnorm(dx.as<float>(), dg.as<float>(), dnorm.as<float>(), n_vec, dim, 1e-6f, cuda_env().s));
+      CU_OK(cu::rmsnorm_add(dx.as<float>(), dg.as<float>(), dx.as<float>(), dh.as<float>(), n_vec, dim, 1e-6f,
+                            cuda_env().s));
+      const std::vector<float> norm = dnorm.get<float>(x.size()), out = dx.get<float>(x.size()),
+                               h2 = dh.get<float>(x.size());
+      ASSERT_TRUE(bits_equal(out.data(), norm.data(), norm.size())) << "dim " << dim;
+      std::vector<float> want(h.size());
+      for (size_t i = 0; i < h.size(); ++i) want[i] = h[i] + norm[i];
+      ASSERT_TRUE(bits_equal(h2.data(), want.data(), want.size())) << "dim " << dim;
+    }
+  }
 }
 
 // RoPE (NEOX), full and partial rotation: cpu::rope_neox's bits.

@@ -272,7 +272,10 @@ __device__ __forceinline__ int64_t slot_after(int64_t s0, int off, int64_t capac
 template <KvType KT, int HD>
 __device__ __forceinline__ void chunk_scores(const AttnCore &a, const float (&qr)[HD / 16], int64_t s0, int len,
                                              int64_t e0, float *sc) {
-  constexpr int kPer = HD / 16, kU = kPer >= 32 ? 1 : 32 / kPer;
+  // Keys per half-warp in flight: 64 (32 for Q8_0, whose elements cost more registers)
+  // loaded values per lane, at most 8 keys.
+  constexpr int kPer = HD / 16, kBudget = KT == KvType::Q8_0 ? 32 : 64,
+                kU = kPer >= kBudget ? 1 : (kBudget / kPer > 8 ? 8 : kBudget / kPer);
   const int hw = threadIdx.x / 16, l = threadIdx.x % 16;
   for (int kk0 = 0; kk0 < len; kk0 += (kThreads / 16) * kU) {  // uniform over the block
     float kv[kU][kPer];
@@ -303,7 +306,7 @@ __device__ __forceinline__ void chunk_scores(const AttnCore &a, const float (&qr
 template <KvType VT, int HD>
 __device__ __forceinline__ void chunk_values(const AttnCore &a, int64_t s0, int len, int64_t e0, const float *sc,
                                              float (&o)[(HD + kThreads - 1) / kThreads]) {
-  constexpr int kDpt = (HD + kThreads - 1) / kThreads, kVU = 8;
+  constexpr int kDpt = (HD + kThreads - 1) / kThreads, kVU = VT == KvType::Q8_0 || kDpt > 2 ? 8 : 16;
   const int tid = threadIdx.x;
   int j = 0;
   for (; j + kVU <= len; j += kVU) {
