@@ -175,6 +175,79 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
+// ---- Q8 matrix-vector for the 32-element block types (Q4_0, Q5_0, Q8_0), 1-2 rows ------------
+// matmul_q8_kernel's arithmetic with the blocks spread over the warp: 4 lanes per block (8
+// elements each), 8 blocks per step; a block's integer sums meet by two shuffles within its
+// lanes (exact in any order), then every lane adds the step's 8 f32 block terms in block
+// order (broadcast shuffles), as the K-quant matvec does. The kernel above reduces over the
+// whole warp once per block; this one reads a row 8 blocks at a time.
+
+constexpr int kMvq32Warps = 8;
+
+template <GgmlType T, int R>
+__global__ void __launch_bounds__(kMvq32Warps * 32)
+    matvec_q32_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
+                      const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y, int n_rows) {
+  dev::pdl_start();
+  using BI = dev::BlockInfo<T>;
+  static_assert(BI::kBlock == 32 && BI::kDminOff < 0, "32-element blocks without mins");
+  const int lane = threadIdx.x % 32, gb = lane / 4, part = lane % 4;
+  const int64_t n = int64_t(blockIdx.x) * kMvq32Warps + threadIdx.x / 32;
+  if (n >= n_out) return;  // whole warps
+  const uint8_t *wrow = w + size_t(n) * row_bytes;
+  const int64_t nb = K / 32;
+  float sum[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) sum[r] = 0.0f;
+  for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+    const int64_t b = b0 + gb;
+    const bool live = b < nb;
+    int isum[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) isum[r] = 0;
+    float dw = 0.0f;
+    if (live) {
+      const uint8_t *blk = wrow + b * BI::kBytes;
+      int a[8], m[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dev::unpack_elem<T>(blk, 8 * part + e, &a[e], &m[e]);
+      dw = dev::fp16_to_fp32(dev::ld_u16(blk + BI::kDOff));
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r < n_rows) {
+          const int2 xv = *reinterpret_cast<const int2 *>(xq + size_t(r) * K + b * 32 + 8 * part);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const int word = e < 4 ? xv.x : xv.y;
+            isum[r] += a[e] * int(int8_t(uint32_t(word) >> (8 * (e % 4))));
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      isum[r] += __shfl_xor_sync(kFull, isum[r], 1);
+      isum[r] += __shfl_xor_sync(kFull, isum[r], 2);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float v = 0.0f;
+      if (live && r < n_rows) v = __fmul_rn(__fmul_rn(dw, xd[size_t(r) * nb + b]), float(isum[r]));
+#pragma unroll
+      for (int gg = 0; gg < 8; ++gg) {
+        const float vg = __shfl_sync(kFull, v, 4 * gg);
+        if (b0 + gg < nb) sum[r] = __fadd_rn(sum[r], vg);
+      }
+    }
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (r < n_rows) y[size_t(r) * n_out + n] = sum[r];
+    }
+  }
+}
+
 // ---- F32 matmul (dequantized weights) ------------------------------------------------------
 
 constexpr int kRowsPerHalf = 4;  // activation rows per half-warp (8 per warp)
@@ -466,6 +539,17 @@ Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode 
   }
   dispatch_q8(w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
+    if constexpr (dev::BlockInfo<T>::kBlock == 32) {
+      if (n_rows <= 2 && !reference_kernels()) {
+        const dim3 g(unsigned((w.n_out + kMvq32Warps - 1) / kMvq32Warps));
+        if (n_rows == 1) {
+          launch(matvec_q32_kernel<T, 1>, g, kMvq32Warps * 32, s, w.data, w.row_bytes, K, w.n_out, xq, xd, y, n_rows);
+        } else {
+          launch(matvec_q32_kernel<T, 2>, g, kMvq32Warps * 32, s, w.data, w.row_bytes, K, w.n_out, xq, xd, y, n_rows);
+        }
+        return;
+      }
+    }
     launch(matmul_q8_kernel<T>, grid, block, s, w.data, w.row_bytes, K, w.n_out, xq, xd, y, n_rows);
   });
   return launch_status("cuda::matmul (q8)");
