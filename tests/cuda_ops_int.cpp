@@ -342,6 +342,43 @@ CUDA_TEST(CudaOps, MatmulEveryTypeBitExact) {
   }
 }
 
+// The K-quant matrix-vector kernel with 2, 4 and 8 warps per output (matrices with few
+// outputs; long rows: 14, 40 and 130 super-blocks, the last past the split's 128) and
+// 1-2 rows, as a single matrix and as a set of three: bit-exact against the CPU oracle.
+CUDA_TEST(CudaOps, MatvecSplitBitExact) {
+  REQUIRE_CUDA();
+  ThreadPool pool(4);
+  std::mt19937 rng(4321);
+  ActModeScope scope(cpu::ActivationMode::Q8);
+  const int64_t kN = 67;
+  for (GgmlType t : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    for (int64_t k : {int64_t(256) * 14, int64_t(256) * 40, int64_t(256) * 130}) {
+      SCOPED_TRACE(std::string(quant::type_name(t)) + " K=" + std::to_string(k));
+      const std::vector<uint8_t> w = random_matrix(t, k, kN, rng);
+      const std::vector<float> x = random_acts(2, k, rng);
+      std::vector<float> want(size_t(2) * kN);
+      cpu::matmul_generic(view_of(w, t, k, kN), x.data(), want.data(), 2, pool);
+      DevBuf dw(w), dx(x), dy(want.size() * 4), dy2(want.size() * 4), dy3(want.size() * 4);
+      const cu::DevMatrix m = dev_matrix(dw, t, k, kN);
+      DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m, 2)));
+      for (int n : {1, 2}) {
+        CU_OK(cu::memset_async(dy.as(), 0xFF, want.size() * 4, cuda_env().s));
+        CU_OK(cu::matmul(m, dx.as<float>(), dy.as<float>(), n, cu::ActMode::Q8, scratch.as(), cuda_env().s));
+        std::vector<float> got = dy.get<float>(size_t(n) * kN);
+        ASSERT_TRUE(bits_equal(got.data(), want.data(), got.size())) << "n_rows " << n;
+        // The same matrix three times in one launch (q/k/v style): each output as alone.
+        const cu::DevMatrix ms[3] = {m, m, m};
+        float *ys[3] = {dy.as<float>(), dy2.as<float>(), dy3.as<float>()};
+        CU_OK(cu::matmul_n(ms, ys, 3, dx.as<float>(), n, cu::ActMode::Q8, scratch.as(), cuda_env().s));
+        for (DevBuf *b : {&dy, &dy2, &dy3}) {
+          got = b->get<float>(size_t(n) * kN);
+          ASSERT_TRUE(bits_equal(got.data(), want.data(), got.size())) << "matmul_n, n_rows " << n;
+        }
+      }
+    }
+  }
+}
+
 // A range of output rows is a view of the matrix (DevMatrix comment): equal to cpu::matmul_range.
 CUDA_TEST(CudaOps, MatmulRowRangeView) {
   REQUIRE_CUDA();

@@ -168,25 +168,35 @@ struct MvSet {
   int n;
 };
 
-template <GgmlType T, int R>
+// P warps per output (P > 1, for matrices with few outputs, where one warp per output
+// leaves the SMs short of loads in flight): warp p of an output takes the steps s = p
+// (mod P) and leaves each block's f32 term in shared memory; then one thread per (output,
+// row) adds the terms in block order. The same terms added in the same order as P = 1.
+constexpr int kMvSplitMaxBlocks = 128;  // super-blocks per row (K <= 32768) for P > 1
+
+template <GgmlType T, int R, int P>
 __global__ void __launch_bounds__(kMvWarps * 32)
     matvec_kernel(MvSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd, int n_rows) {
   dev::pdl_start();
   using L = KQ<T>;
-  constexpr int kSegBytes = 32 / L::kSegs;
+  static_assert(P == 1 || R <= 2, "the split kernel keeps 2 rows of terms");
+  constexpr int kSegBytes = 32 / L::kSegs, kOuts = kMvWarps / P;
+  __shared__ float terms[P > 1 ? kOuts * R * kMvSplitMaxBlocks : 1];
   const int lane = threadIdx.x % 32, g = lane / 8, t = lane % 8;
-  const int64_t gw = int64_t(blockIdx.x) * kMvWarps + threadIdx.x / 32;
-  if (gw >= set.first[set.n]) return;  // whole warps
+  const int warp = threadIdx.x / 32, part = warp % P;
+  const int64_t gw = int64_t(blockIdx.x) * kOuts + warp / P;  // the output, over the set
+  const bool active = gw < set.first[set.n];
+  if (P == 1 && !active) return;  // whole warps (P > 1: every warp reaches the barrier)
   int m = 0;
   while (m + 1 < set.n && gw >= set.first[m + 1]) ++m;
   const int64_t n = gw - set.first[m], n_out = set.n_out[m];
   float *__restrict__ y = set.y[m];
-  const uint8_t *wrow = set.w[m] + size_t(n) * set.row_bytes[m];
+  const uint8_t *wrow = set.w[m] + size_t(active ? n : 0) * set.row_bytes[m];
   const int64_t nb = K / 256;
   float sum[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) sum[r] = 0.0f;
-  for (int64_t b0 = 0; b0 < nb; b0 += 4) {
+  for (int64_t b0 = 4 * part; active && b0 < nb; b0 += 4 * P) {
     const int64_t b = b0 + g;
     const bool live = b < nb;
     int isum[R], msum[R];
@@ -241,17 +251,35 @@ __global__ void __launch_bounds__(kMvWarps * 32)
     for (int r = 0; r < R; ++r) {
       float v = 0.0f;
       if (live && r < n_rows) v = block_term<T>(dw, dmin, xd[size_t(r) * nb + b], isum[r], msum[r]);
+      if constexpr (P == 1) {
 #pragma unroll
-      for (int gg = 0; gg < 4; ++gg) {
-        const float vg = __shfl_sync(kFull, v, 8 * gg);
-        if (b0 + gg < nb) sum[r] = __fadd_rn(sum[r], vg);
+        for (int gg = 0; gg < 4; ++gg) {
+          const float vg = __shfl_sync(kFull, v, 8 * gg);
+          if (b0 + gg < nb) sum[r] = __fadd_rn(sum[r], vg);
+        }
+      } else {
+        if (t == 0 && live) terms[((warp / P) * R + r) * kMvSplitMaxBlocks + b] = v;
       }
     }
   }
-  if (lane == 0) {
+  if constexpr (P == 1) {
+    if (lane == 0) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      if (r < n_rows) y[size_t(r) * n_out + n] = sum[r];
+      for (int r = 0; r < R; ++r) {
+        if (r < n_rows) y[size_t(r) * n_out + n] = sum[r];
+      }
+    }
+  } else {
+    __syncthreads();
+    // Thread (o, r) of the block: output o's row r, its terms in block order.
+    const int o = threadIdx.x / R, r = threadIdx.x % R;
+    const int64_t go = int64_t(blockIdx.x) * kOuts + o;
+    if (o < kOuts && r < n_rows && go < set.first[set.n]) {
+      int mo = 0;
+      while (mo + 1 < set.n && go >= set.first[mo + 1]) ++mo;
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) acc = __fadd_rn(acc, terms[(o * R + r) * kMvSplitMaxBlocks + b]);
+      set.y[mo][size_t(r) * set.n_out[mo] + (go - set.first[mo])] = acc;
     }
   }
 }
@@ -774,10 +802,37 @@ bool dispatch_kquant(GgmlType t, F &&f) {
   return dispatch_among<G, G::Q2_K, G::Q3_K, G::Q4_K, G::Q5_K, G::Q6_K>(t, std::forward<F>(f));
 }
 
+// Warps per output of the matrix-vector kernel: 1 where the outputs alone give the device
+// enough warps (8192), else 2, 4 or 8 (at most one 4-block step per warp). GEIST_CUDA_MATVEC_SPLIT=0:
+// always 1 (a knob to compare; the bits are the same).
+int matvec_split(int64_t outputs, int64_t nb, int rows) {
+  static const bool on = [] {
+    const char *e = std::getenv("GEIST_CUDA_MATVEC_SPLIT");
+    return !(e != nullptr && e[0] == '0');
+  }();
+  if (!on || rows > 2 || nb > kMvSplitMaxBlocks) return 1;
+  const int64_t steps = (nb + 3) / 4;
+  int p = 1;
+  while (p < 8 && outputs * p < 8192 && 2 * p <= steps) p *= 2;
+  return p;
+}
+
 template <GgmlType T, int R>
 void launch_matvec(const MvSet &set, int64_t K, const int8_t *xq, const float *xd, int n_rows, CudaStream s) {
-  const dim3 grid(unsigned((set.first[set.n] + kMvWarps - 1) / kMvWarps));
-  launch(matvec_kernel<T, R>, grid, kMvWarps * 32, s, set, K, xq, xd, n_rows);
+  const int64_t outputs = set.first[set.n];
+  auto go = [&](auto kernel, int p) {
+    const int outs = kMvWarps / p;
+    launch(kernel, dim3(unsigned((outputs + outs - 1) / outs)), kMvWarps * 32, s, set, K, xq, xd, n_rows);
+  };
+  if constexpr (R <= 2) {
+    switch (matvec_split(outputs, K / 256, R)) {
+      case 2: return go(matvec_kernel<T, R, 2>, 2);
+      case 4: return go(matvec_kernel<T, R, 4>, 4);
+      case 8: return go(matvec_kernel<T, R, 8>, 8);
+      default: break;
+    }
+  }
+  go(matvec_kernel<T, R, 1>, 1);
 }
 
 }  // namespace
