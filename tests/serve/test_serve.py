@@ -348,3 +348,41 @@ def test_sigterm_finishes_running_requests_and_exits_zero(start_server):
 def test_sigint_with_no_requests_exits_zero(start_server):
     srv = start_server(["-c", "1024", "-q"], model=TINY)
     assert srv.stop(signal.SIGINT) == 0
+
+
+def test_cache_dir_survives_a_restart(start_server, tmp_path):
+    cache = tmp_path / "cache"
+    args = ["-c", "2048", "-q", "--cache-dir", str(cache)]
+    body = {"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is in figure 9?"}],
+            "max_tokens": 8, "temperature": 0}
+    first = start_server(args)
+    status, _, raw = http("POST", first.url + "/v1/chat/completions", body)
+    assert status == 200
+    cold = json.loads(raw)
+    assert first.stop() == 0
+    files = sorted(cache.glob("*.geistsnap"))
+    assert files, "no cache file was written"
+    # A file geist did not write, under a name of its kind, is left alone and not served.
+    foreign = cache / "0123456789abcdef.geistsnap"
+    foreign.write_bytes(b"GEISTSNP" + b"\0" * 200)
+    second = start_server(args)
+    status, _, raw = http("POST", second.url + "/v1/chat/completions", body)
+    warm = json.loads(raw)
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == warm["usage"]["prompt_tokens"]
+    assert warm["timings"]["cache_source"] == "cache"
+    assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
+    assert "ignoring cache file" in second.output() and foreign.name in second.output()
+    assert second.stop() == 0
+    assert foreign.read_bytes() == b"GEISTSNP" + b"\0" * 200
+    # Every entry corrupted in its checksummed part: none is served, the answer is computed.
+    for f in cache.glob("*.geistsnap"):
+        if f != foreign:
+            data = bytearray(f.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            f.write_bytes(bytes(data))
+    third = start_server(args)
+    status, _, raw = http("POST", third.url + "/v1/chat/completions", body)
+    again = json.loads(raw)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert again["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
+    assert third.output().count("checksum") >= len(files)

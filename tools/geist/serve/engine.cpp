@@ -87,7 +87,7 @@ Engine::Engine(const api::Model &model, EngineOptions o) : model_(model), o_(std
 
 Engine::~Engine() { stop(); }
 
-api::Error Engine::start() {
+api::Error Engine::start(std::vector<DiskCache::File> preload, size_t *n_loaded) {
   for (int i = 0; i < o_.n_parallel; ++i) {
     auto s = std::make_unique<Slot>(model_);
     s->index = i;
@@ -95,10 +95,32 @@ api::Error Engine::start() {
     n_ctx_ = s->session.n_ctx();
     slots_.push_back(std::move(s));
   }
+  size_t loaded = 0;
+  api::Session &probe = slots_[0]->session;
+  for (DiskCache::File &f : preload) {
+    if (api::Error e = probe.restore(f.image)) {
+      std::fprintf(stderr, "geist serve: ignoring cache file '%s': %s\n", f.path.c_str(), e.message.c_str());
+      continue;
+    }
+    std::vector<geist_token> t = probe.tokens();
+    if (tokens_hash(t.data(), t.size()) != f.hash) {
+      std::fprintf(stderr, "geist serve: ignoring cache file '%s': its name is not the hash of its tokens\n",
+                   f.path.c_str());
+      continue;
+    }
+    const size_t cost = PrefixCache::entry_cost(t.size(), f.image.size());
+    if (cache_.bytes() + cost > cache_.capacity()) continue;  // newest first: the rest wait for the disk
+    cache_.insert(std::move(t), std::make_shared<const std::vector<uint8_t>>(std::move(f.image)));
+    ++loaded;
+  }
+  probe.clear();
+  if (n_loaded) *n_loaded = loaded;
   {
     std::lock_guard<std::mutex> lk(mu_);
     stats_.slots_total = slots_.size();
     stats_.cache_capacity = cache_.capacity();
+    stats_.cache_entries = cache_.size();
+    stats_.cache_bytes = cache_.bytes();
   }
   thread_ = std::thread([this] { loop(); });
   return {};
@@ -319,7 +341,8 @@ void Engine::maybe_snapshot(Slot &s) {
     std::fprintf(stderr, "geist serve: warning: snapshot failed: %s\n", e.message.c_str());
     return;
   }
-  cache_.insert(std::vector<int32_t>(p.begin(), p.begin() + long(s.n_done)), img);
+  if (!cache_.insert(std::vector<int32_t>(p.begin(), p.begin() + long(s.n_done)), img)) return;
+  if (o_.on_snapshot) o_.on_snapshot(tokens_hash(p.data(), s.n_done), img);
   std::lock_guard<std::mutex> lk(mu_);
   ++stats_.snapshots_taken;
   stats_.snapshot_bytes_taken += img->size();

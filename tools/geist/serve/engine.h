@@ -27,6 +27,9 @@
 #include <utility>
 #include <vector>
 
+#include <functional>
+
+#include "disk_cache.h"
 #include "geist/geist.hpp"
 #include "openai_api.h"
 #include "prefix_cache.h"
@@ -81,6 +84,8 @@ struct EngineOptions {
   size_t min_snapshot_tokens = 16;   // shorter prefixes are not worth an entry
   int prefill_budget = 256;          // prompt tokens per loop turn, across slots
   geist_session_params session = geist_session_params_default();
+  // Called on the engine thread with each image the cache takes (the disk tier's put).
+  std::function<void(uint64_t hash, std::shared_ptr<const std::vector<uint8_t>> image)> on_snapshot;
 };
 
 // Counters for /metrics (a consistent copy).
@@ -103,8 +108,10 @@ class Engine {
   Engine(const Engine &) = delete;
   Engine &operator=(const Engine &) = delete;
 
-  // Creates the sessions and starts the engine thread.
-  api::Error start();
+  // Creates the sessions, puts the images of `preload` that restore (checksum and all)
+  // and are named by their tokens' hash into the cache while it has room, and starts the
+  // engine thread. *n_loaded: how many were taken.
+  api::Error start(std::vector<DiskCache::File> preload = {}, size_t *n_loaded = nullptr);
 
   enum class Submit { kOk, kQueueFull, kDraining };
   Submit submit(std::shared_ptr<Job> job);

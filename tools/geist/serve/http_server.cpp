@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "disk_cache.h"
 #include "engine.h"
 #include "serve_options.h"
 
@@ -100,6 +101,7 @@ class Server {
   httplib::Server svr_;
   api::Model model_;
   cli::ChatFormat fmt_;
+  std::unique_ptr<DiskCache> disk_;  // declared before the engine: destroyed after it
   std::unique_ptr<Engine> engine_;
   std::string model_id_;
   time_t created_ = std::time(nullptr);
@@ -597,8 +599,23 @@ bool Server::load_model() {
   cli::apply_kv_types(o_.g.dev, &p);
   p.sampling = o_.g.sampling;
   eo.session = p;
+  std::vector<DiskCache::File> files;
+  if (!o_.cache_dir.empty()) {
+    disk_ = std::make_unique<DiskCache>(o_.cache_dir, size_t(o_.cache_disk_mib) << 20);
+    if (api::Error e = disk_->open()) return cli::report(e), false;
+    files = disk_->read_all(eo.cache_bytes);
+    eo.on_snapshot = [d = disk_.get()](uint64_t h, std::shared_ptr<const std::vector<uint8_t>> img) {
+      d->put(h, std::move(img));
+    };
+  }
   engine_ = std::make_unique<Engine>(model_, eo);
-  if (api::Error e = engine_->start()) return cli::report(e), false;
+  size_t loaded = 0;
+  const size_t n_files = files.size();
+  if (api::Error e = engine_->start(std::move(files), &loaded)) return cli::report(e), false;
+  if (disk_) {
+    std::fprintf(stderr, "geist serve: cache dir %s: %zu entr%s loaded (%zu file%s read)\n", o_.cache_dir.c_str(),
+                 loaded, loaded == 1 ? "y" : "ies", n_files, n_files == 1 ? "" : "s");
+  }
   return true;
 }
 
@@ -697,6 +714,7 @@ int Server::run() {
   svr_.stop();
   listener.join();
   if (engine_) engine_->stop();
+  if (disk_) disk_->flush();  // the entries queued for the disk are written before exit
   if (rc == 0) std::fprintf(stderr, "geist serve: stopped\n");
   return rc;
 }
