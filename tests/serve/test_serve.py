@@ -386,3 +386,13 @@ def test_cache_dir_survives_a_restart(start_server, tmp_path):
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     assert again["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]
     assert third.output().count("checksum") >= len(files)
+
+
+def test_chat_page(srv):
+    status, headers, raw = http("GET", srv.url + "/")  # no key needed for the page itself
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    page = raw.decode()
+    assert "/v1/chat/completions" in page and "stream: true" in page
+    assert "http://" not in page and "https://" not in page  # nothing from a CDN
+    assert "innerHTML" not in page  # model text goes in as text only
+    assert "default-src 'self'" in headers["Content-Security-Policy"]

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chat_page.h"
 #include "disk_cache.h"
 #include "engine.h"
 #include "serve_options.h"
@@ -581,6 +582,14 @@ void Server::routes() {
   svr_.Get("/metrics", [this](const httplib::Request &, httplib::Response &res) {
     res.set_content(metrics_text(), "text/plain; version=0.0.4");
   });
+  auto page = [](const httplib::Request &, httplib::Response &res) {
+    res.set_header("Content-Security-Policy",
+                   "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'");
+    res.set_header("X-Content-Type-Options", "nosniff");
+    res.set_content(kChatPageHtml, "text/html; charset=utf-8");
+  };
+  svr_.Get("/", page);
+  svr_.Get("/index.html", page);
 }
 
 bool Server::load_model() {
@@ -711,6 +720,9 @@ int Server::run() {
       for (int i = 0; i < 200 && !engine_->idle(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
+  // stop() does nothing before the listener is running: wait for it (a load that fails at
+  // once can get here first).
+  for (int i = 0; i < 5000 && !svr_.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   svr_.stop();
   listener.join();
   if (engine_) engine_->stop();
