@@ -396,3 +396,11 @@ def test_chat_page(srv):
     assert "http://" not in page and "https://" not in page  # nothing from a CDN
     assert "innerHTML" not in page  # model text goes in as text only
     assert "default-src 'self'" in headers["Content-Security-Policy"]
+
+
+def test_a_second_server_on_the_same_port_is_refused(srv):
+    import subprocess
+    from conftest import BIN, TINY as tiny_model
+    r = subprocess.run([str(BIN), "serve", "-m", str(tiny_model), "--port", str(srv.port)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "cannot listen" in r.stderr

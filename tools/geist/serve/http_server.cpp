@@ -682,6 +682,12 @@ int Server::run() {
   svr_.set_keep_alive_timeout(o_.keep_alive_s);
   svr_.set_payload_max_length(size_t(o_.max_body_mib) << 20);
   svr_.set_tcp_nodelay(true);
+  // SO_REUSEADDR only: httplib's default adds SO_REUSEPORT, with which a second server on
+  // the same port would silently share it with the first.
+  svr_.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   routes();
   if (!svr_.bind_to_port(o_.host, o_.port)) {
     std::fprintf(stderr, "geist: error: cannot listen on %s:%d (in use, or not an address of this machine)\n",
