@@ -203,8 +203,17 @@ void Engine::loop() {
         cancel_running_ = false;
       }
       while (busy_ < slots_.size() && !queue_.empty()) {
-        admitted.push_back(std::move(queue_.front()));
+        std::shared_ptr<Job> j = std::move(queue_.front());
         queue_.pop_front();
+        if (j->cancelled.load()) {  // its client left while it waited
+          ++stats_.jobs_cancelled;
+          std::lock_guard<std::mutex> jl(j->mu);
+          j->out.done = true;
+          j->out.finish_reason = "cancelled";
+          j->cv.notify_all();
+          continue;
+        }
+        admitted.push_back(std::move(j));
         ++busy_;
       }
       if (stop_ && busy_ == 0 && admitted.empty()) break;

@@ -417,7 +417,8 @@ void Server::handle_generate(Endpoint ep, const httplib::Request &req, httplib::
 }
 
 std::string Server::metrics_text() const {
-  const EngineStats s = engine_ ? engine_->stats() : EngineStats{};
+  // engine_ is set before ready_ (an atomic) and read only after it.
+  const EngineStats s = ready_ ? engine_->stats() : EngineStats{};
   std::ostringstream m;
   m.precision(15);
   auto metric = [&](const char *name, const char *type, const char *help, double v) {
