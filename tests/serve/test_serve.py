@@ -404,3 +404,25 @@ def test_a_second_server_on_the_same_port_is_refused(srv):
     r = subprocess.run([str(BIN), "serve", "-m", str(tiny_model), "--port", str(srv.port)], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 1 and "cannot listen" in r.stderr
+
+
+def test_concurrent_requests_on_a_new_prefix_share_it(client):
+    # Two requests on a system text never seen, at once: the second reuses the first's
+    # snapshot of it (at its start or while it waits for its prefill), and both answers
+    # equal the ones computed from scratch.
+    system = "Fresh context. " + " ".join(f"Fact {i}: item {i} weighs {i * 3} grams." for i in range(20))
+    users = ["How heavy is item 4?", "How heavy is item 7?"]
+    out = [None, None]
+
+    def run(i):
+        out[i] = chat(client, users[i], system=system, max_tokens=10, temperature=0)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    cached = sorted(r.usage.prompt_tokens_details.cached_tokens for r in out)
+    assert cached[1] >= 150, cached
+    for i in range(2):
+        cold = chat(client, users[i], system=system, max_tokens=10, temperature=0, extra_body={"cache_prompt": False})
+        assert out[i].choices[0].message.content == cold.choices[0].message.content

@@ -361,6 +361,44 @@ void Engine::maybe_snapshot(Slot &s) {
   stats_.cache_evictions = cache_.evictions();
 }
 
+bool Engine::catch_up(Slot &s) {
+  // A request admitted together with others that share its prefix starts with nothing
+  // cached; once the first of them has snapshotted the shared part, the others skip to it
+  // instead of computing it again. Same state as a restore at the start: the session's
+  // tokens are a prefix of the entry's, and the sampler is reseeded after the restore.
+  Job &j = *s.job;
+  if (!j.cache_prompt || cache_.capacity() == 0) return true;
+  const std::vector<geist_token> &p = j.prompt;
+  const PrefixCache::Entry *e = cache_.find_longest_prefix(p.data(), p.size(), p.size());
+  if (!e || e->tokens.size() <= s.n_done) return true;
+  const auto t0 = Clock::now();
+  if (api::Error re = s.session.restore(*e->image)) return true;  // keep computing
+  const size_t before = s.n_done;
+  s.n_done = e->tokens.size();
+  if (api::Error se = s.session.set_sampling(j.sampling)) {
+    fail(s, se);
+    return false;
+  }
+  while (s.next_snap < s.snaps.size() && s.snaps[s.next_snap] <= s.n_done) ++s.next_snap;
+  if (s.n_done == p.size()) {
+    s.phase = Slot::Phase::kDecode;
+    s.t_first = Clock::now();
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.restore_seconds += ms_between(t0, Clock::now()) / 1e3;
+    stats_.cached_tokens += s.n_done - before;
+    if (before == 0) {  // the miss counted at the start became a hit
+      ++stats_.cache_hits;
+      if (stats_.misses > 0) --stats_.misses;
+    }
+  }
+  std::lock_guard<std::mutex> lk(j.mu);
+  j.out.n_cached = s.n_done;
+  j.out.cache_source = "cache";
+  return true;
+}
+
 void Engine::prefill_some(int *budget) {
   // Oldest job first: finishing one prompt gives a first token sooner than sharing out.
   std::vector<Slot *> order;
@@ -372,6 +410,8 @@ void Engine::prefill_some(int *budget) {
     Slot &s = *sp;
     const std::vector<geist_token> &p = s.job->prompt;
     while (*budget > 0 && s.phase == Slot::Phase::kPrefill) {
+      if (!catch_up(s)) break;
+      if (s.phase != Slot::Phase::kPrefill) break;
       const size_t end = s.next_snap < s.snaps.size() ? s.snaps[s.next_snap] : p.size();
       const size_t n = std::min(end - s.n_done, size_t(*budget));
       const auto t0 = Clock::now();

@@ -132,6 +132,7 @@ class Engine {
   void loop();
   void start_job(Slot &s, std::shared_ptr<Job> job);
   void prefill_some(int *budget);
+  bool catch_up(Slot &s);  // false if the job failed
   void decode_all();
   void finish(Slot &s, const char *reason);
   void fail(Slot &s, const api::Error &e);
