@@ -1,5 +1,8 @@
 // The HTTP side of `geist serve` (cpp-httplib): routes, authentication, limits, OpenAI
 // response shapes, SSE streaming, /metrics, and the startup and shutdown sequence.
+#if __has_include(<malloc.h>)
+#include <malloc.h>  // mallopt (glibc)
+#endif
 #include <pthread.h>
 #include <signal.h>
 
@@ -651,6 +654,13 @@ int Server::run() {
       return 1;
     }
   }
+#ifdef M_MMAP_THRESHOLD
+  // Snapshot images (MiBs each) come and go with the cache: with glibc's sliding mmap
+  // threshold they would move into the heap after the first free and fragment it, and the
+  // process would hold far more than --cache-ram. A fixed threshold keeps every large
+  // buffer its own mapping, returned to the system when freed.
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
   std::string file = o_.g.model;
   const size_t slash = file.find_last_of('/');
   model_id_ = !o_.alias.empty() ? o_.alias : slash == std::string::npos ? file : file.substr(slash + 1);
