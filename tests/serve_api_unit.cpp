@@ -29,11 +29,13 @@ ApiError chat_err(const std::string &body, Endpoint ep = Endpoint::kChat) {
   return e;
 }
 
-const char kMsgs[] = R"("messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}])";
+const char kMsgs[] =
+    R"("messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}])";
 
 TEST(ServeApiUnit, ChatFieldsMapToTheRequest) {
-  GenRequest r = chat_ok(std::string("{") + kMsgs +
-                         R"(,"model":"m","max_tokens":7,"temperature":0,"top_p":0.5,"top_k":3,"min_p":0.1,
+  GenRequest r =
+      chat_ok(std::string("{") + kMsgs +
+              R"(,"model":"m","max_tokens":7,"temperature":0,"top_p":0.5,"top_k":3,"min_p":0.1,
                              "seed":42,"stop":["a","","bc"],"stream":true,"stream_options":{"include_usage":true},
                              "logprobs":true,"top_logprobs":2,"repeat_penalty":1.1,"frequency_penalty":0,
                              "some_unknown_field":{"x":1}})");
@@ -74,7 +76,8 @@ TEST(ServeApiUnit, DefaultsNullsPartsAndNewNames) {
 TEST(ServeApiUnit, CompletionPrompts) {
   GenRequest r;
   ApiError e;
-  ASSERT_TRUE(parse_gen_request(Endpoint::kCompletions, R"({"prompt":"Once","logprobs":3})", &r, &e));
+  ASSERT_TRUE(
+      parse_gen_request(Endpoint::kCompletions, R"({"prompt":"Once","logprobs":3})", &r, &e));
   EXPECT_EQ(r.prompt, "Once");
   EXPECT_FALSE(r.prompt_is_tokens);
   EXPECT_TRUE(r.logprobs);
@@ -124,10 +127,14 @@ TEST(ServeApiUnit, InvalidRequestsNameTheParameter) {
   EXPECT_EQ(chat_err(m + R"(,"seed":1.5})").param, "seed");
   EXPECT_EQ(chat_err(m + R"(,"stop":5})").param, "stop");
   EXPECT_EQ(chat_err(m + R"(,"stop":["a",1]})").param, "stop");
-  EXPECT_EQ(chat_err(m + R"(,"stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]})").param,
-            "stop");
+  EXPECT_EQ(
+      chat_err(m +
+               R"(,"stop":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]})")
+          .param,
+      "stop");
   EXPECT_EQ(chat_err(m + R"(,"stream":"yes"})").param, "stream");
-  EXPECT_EQ(chat_err(m + R"(,"stream_options":{"include_usage":1}})").param, "stream_options.include_usage");
+  EXPECT_EQ(chat_err(m + R"(,"stream_options":{"include_usage":1}})").param,
+            "stream_options.include_usage");
   EXPECT_EQ(chat_err(m + R"(,"logprobs":1})").param, "logprobs");
   EXPECT_EQ(chat_err(m + R"(,"top_logprobs":21,"logprobs":true})").param, "top_logprobs");
   EXPECT_EQ(chat_err(m + R"(,"top_logprobs":2})").param, "top_logprobs");
@@ -164,7 +171,8 @@ TEST(ServeApiUnit, DeepNestingAndJunkAreErrorsNotCrashes) {
 TEST(ServeApiUnit, TokenizeRequests) {
   TokenizeRequest t;
   ApiError e;
-  ASSERT_TRUE(parse_tokenize_request(R"({"content":"hi","add_special":true,"with_pieces":true})", &t, &e));
+  ASSERT_TRUE(
+      parse_tokenize_request(R"({"content":"hi","add_special":true,"with_pieces":true})", &t, &e));
   EXPECT_EQ(t.content, "hi");
   EXPECT_TRUE(t.add_special);
   EXPECT_TRUE(t.parse_special);
@@ -181,7 +189,8 @@ TEST(ServeApiUnit, TokenizeRequests) {
 }
 
 // Feeds pieces and returns everything emitted plus the flush.
-std::string run_stop(std::vector<std::string> stops, const std::vector<std::string> &pieces, bool *stopped) {
+std::string run_stop(std::vector<std::string> stops, const std::vector<std::string> &pieces,
+                     bool *stopped) {
   StopMatcher m(std::move(stops));
   std::string out;
   for (const std::string &p : pieces) out += m.push(p);

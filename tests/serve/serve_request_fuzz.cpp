@@ -23,7 +23,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (e.http_status != 400 || e.message.empty()) std::abort();
       (void)e.to_json().dump();
     } else {
-      if (r.top_logprobs < 0 || r.top_logprobs > kMaxTopLogprobs || r.stop.size() > kMaxStopStrings) std::abort();
+      if (r.top_logprobs < 0 || r.top_logprobs > kMaxTopLogprobs || r.stop.size() > kMaxStopStrings)
+        std::abort();
     }
   }
   TokenizeRequest t;

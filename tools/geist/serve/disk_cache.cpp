@@ -22,7 +22,8 @@ constexpr char kMagic[] = "GEISTSNP";
 
 // The hash in a name "<16 hex>.geistsnap"; false for any other name.
 bool parse_name(const std::string &name, uint64_t *hash) {
-  if (name.size() != 16 + sizeof kSuffix - 1 || name.compare(16, std::string::npos, kSuffix) != 0) return false;
+  if (name.size() != 16 + sizeof kSuffix - 1 || name.compare(16, std::string::npos, kSuffix) != 0)
+    return false;
   uint64_t h = 0;
   for (int i = 0; i < 16; ++i) {
     const char c = name[size_t(i)];
@@ -66,7 +67,8 @@ api::Error DiskCache::open() {
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (!fs::is_directory(dir_, ec)) {
-    return api::Error{GEIST_E_IO, "--cache-dir '" + dir_ + "' is not a directory that can be created"};
+    return api::Error{GEIST_E_IO,
+                      "--cache-dir '" + dir_ + "' is not a directory that can be created"};
   }
   // The rule geist applies to every snapshot it writes, on a name of ours.
   if (api::Error e = api::snapshot_file_check(path_of(0))) {
@@ -92,7 +94,8 @@ std::vector<DiskCache::File> DiskCache::read_all(size_t max_bytes) const {
     if (!de.is_regular_file(e2) || de.is_symlink(e2)) continue;
     found.push_back({de.path().string(), h, de.last_write_time(e2), de.file_size(e2)});
   }
-  std::sort(found.begin(), found.end(), [](const Found &a, const Found &b) { return a.mtime > b.mtime; });
+  std::sort(found.begin(), found.end(),
+            [](const Found &a, const Found &b) { return a.mtime > b.mtime; });
   std::vector<File> out;
   size_t total = 0;
   for (const Found &f : found) {
@@ -168,19 +171,22 @@ void DiskCache::write_one(uint64_t hash, const std::vector<uint8_t> &image) {
   std::error_code ec;
   if (fs::exists(fs::symlink_status(path, ec))) return;  // the same prefix is already there
   if (api::Error e = api::snapshot_file_check(path)) {
-    std::fprintf(stderr, "geist serve: warning: not writing the cache file: %s\n", e.message.c_str());
+    std::fprintf(stderr, "geist serve: warning: not writing the cache file: %s\n",
+                 e.message.c_str());
     return;
   }
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
-    std::fprintf(stderr, "geist serve: warning: cannot create '%s': %s\n", tmp.c_str(), std::strerror(errno));
+    std::fprintf(stderr, "geist serve: warning: cannot create '%s': %s\n", tmp.c_str(),
+                 std::strerror(errno));
     return;
   }
   const bool ok = write_all(fd, image.data(), image.size()) && ::fsync(fd) == 0;
   ::close(fd);
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::fprintf(stderr, "geist serve: warning: cannot write '%s': %s\n", path.c_str(), std::strerror(errno));
+    std::fprintf(stderr, "geist serve: warning: cannot write '%s': %s\n", path.c_str(),
+                 std::strerror(errno));
     ::unlink(tmp.c_str());
     return;
   }
@@ -206,13 +212,16 @@ void DiskCache::enforce_budget() {
   for (const fs::directory_entry &de : fs::directory_iterator(dir_, ec)) {
     uint64_t h = 0;
     std::error_code e2;
-    if (!parse_name(de.path().filename().string(), &h) || de.is_symlink(e2) || !de.is_regular_file(e2)) continue;
+    if (!parse_name(de.path().filename().string(), &h) || de.is_symlink(e2) ||
+        !de.is_regular_file(e2))
+      continue;
     if (!starts_with_magic(de.path().string())) continue;
     mine.push_back({de.path().string(), de.last_write_time(e2), de.file_size(e2)});
     total += mine.back().size;
   }
   if (total <= budget_) return;
-  std::sort(mine.begin(), mine.end(), [](const Mine &a, const Mine &b) { return a.mtime < b.mtime; });
+  std::sort(mine.begin(), mine.end(),
+            [](const Mine &a, const Mine &b) { return a.mtime < b.mtime; });
   for (const Mine &m : mine) {
     if (total <= budget_) break;
     if (::unlink(m.path.c_str()) == 0) total -= m.size;

@@ -48,7 +48,8 @@ TokenLogprob logprob_of(const float *logits, size_t nv, int32_t token, int top) 
 
 }  // namespace
 
-geist_sampling_params resolve_sampling(const geist_sampling_params &defaults, const SamplingFields &f) {
+geist_sampling_params resolve_sampling(const geist_sampling_params &defaults,
+                                       const SamplingFields &f) {
   geist_sampling_params p = defaults;
   if (f.temperature) p.temperature = float(*f.temperature);
   if (f.top_p) p.top_p = float(*f.top_p);
@@ -72,10 +73,10 @@ struct Engine::Slot {
   api::Session session;
   std::shared_ptr<Job> job;
   enum class Phase { kIdle, kPrefill, kDecode } phase = Phase::kIdle;
-  size_t n_done = 0;             // prompt tokens in the session
-  std::vector<size_t> snaps;     // prompt positions to snapshot at, ascending, > reused
+  size_t n_done = 0;          // prompt tokens in the session
+  std::vector<size_t> snaps;  // prompt positions to snapshot at, ascending, > reused
   size_t next_snap = 0;
-  cli::TextStream text;          // kept across jobs (its table of hidden tokens is per model)
+  cli::TextStream text;  // kept across jobs (its table of hidden tokens is per model)
   std::optional<StopMatcher> stop;
   int64_t n_gen = 0;
   uint64_t last_used = 0, seq = 0;
@@ -83,9 +84,12 @@ struct Engine::Slot {
   std::vector<float> logits_copy;  // [n_vocab], the step's input logits when logprobs are asked
 };
 
-Engine::Engine(const api::Model &model, EngineOptions o) : model_(model), o_(std::move(o)), cache_(o_.cache_bytes) {}
+Engine::Engine(const api::Model &model, EngineOptions o)
+    : model_(model), o_(std::move(o)), cache_(o_.cache_bytes) {}
 
-Engine::~Engine() { stop(); }
+Engine::~Engine() {
+  stop();
+}
 
 api::Error Engine::start(std::vector<DiskCache::File> preload, size_t *n_loaded) {
   for (int i = 0; i < o_.n_parallel; ++i) {
@@ -99,17 +103,20 @@ api::Error Engine::start(std::vector<DiskCache::File> preload, size_t *n_loaded)
   api::Session &probe = slots_[0]->session;
   for (DiskCache::File &f : preload) {
     if (api::Error e = probe.restore(f.image)) {
-      std::fprintf(stderr, "geist serve: ignoring cache file '%s': %s\n", f.path.c_str(), e.message.c_str());
+      std::fprintf(stderr, "geist serve: ignoring cache file '%s': %s\n", f.path.c_str(),
+                   e.message.c_str());
       continue;
     }
     std::vector<geist_token> t = probe.tokens();
     if (tokens_hash(t.data(), t.size()) != f.hash) {
-      std::fprintf(stderr, "geist serve: ignoring cache file '%s': its name is not the hash of its tokens\n",
-                   f.path.c_str());
+      std::fprintf(
+          stderr, "geist serve: ignoring cache file '%s': its name is not the hash of its tokens\n",
+          f.path.c_str());
       continue;
     }
     const size_t cost = PrefixCache::entry_cost(t.size(), f.image.size());
-    if (cache_.bytes() + cost > cache_.capacity()) continue;  // newest first: the rest wait for the disk
+    if (cache_.bytes() + cost > cache_.capacity())
+      continue;  // newest first: the rest wait for the disk
     cache_.insert(std::move(t), std::make_shared<const std::vector<uint8_t>>(std::move(f.image)));
     ++loaded;
   }
@@ -263,14 +270,17 @@ std::vector<size_t> Engine::snapshot_points(const Slot &s, size_t reused) {
     if (op.get() == &s) continue;
     const std::vector<geist_token> t = op->session.tokens();
     lcp = std::max(lcp, common_prefix(j.prompt.data(), n, t.data(), t.size()));
-    if (op->job) lcp = std::max(lcp, common_prefix(j.prompt.data(), n, op->job->prompt.data(), op->job->prompt.size()));
+    if (op->job)
+      lcp = std::max(
+          lcp, common_prefix(j.prompt.data(), n, op->job->prompt.data(), op->job->prompt.size()));
   }
   pts.push_back(lcp);
   std::sort(pts.begin(), pts.end());
   pts.erase(std::unique(pts.begin(), pts.end()), pts.end());
-  pts.erase(std::remove_if(pts.begin(), pts.end(),
-                           [&](size_t p) { return p <= reused || p > n || p < o_.min_snapshot_tokens; }),
-            pts.end());
+  pts.erase(
+      std::remove_if(pts.begin(), pts.end(),
+                     [&](size_t p) { return p <= reused || p > n || p < o_.min_snapshot_tokens; }),
+      pts.end());
   return pts;
 }
 
@@ -292,13 +302,16 @@ void Engine::start_job(Slot &s, std::shared_ptr<Job> job) {
   }
   size_t reused = live;
   const char *source = live > 0 ? "slot" : "none";
-  const PrefixCache::Entry *e =
-      j.cache_prompt && cache_.capacity() > 0 ? cache_.find_longest_prefix(j.prompt.data(), n, n) : nullptr;
+  const PrefixCache::Entry *e = j.cache_prompt && cache_.capacity() > 0
+                                    ? cache_.find_longest_prefix(j.prompt.data(), n, n)
+                                    : nullptr;
   if (e && e->tokens.size() > live) {
     const auto t0 = Clock::now();
     if (api::Error re = s.session.restore(*e->image)) {
-      std::fprintf(stderr, "geist serve: warning: a cache entry did not restore (%s); computing the prompt\n",
-                   re.message.c_str());
+      std::fprintf(
+          stderr,
+          "geist serve: warning: a cache entry did not restore (%s); computing the prompt\n",
+          re.message.c_str());
       reused = 0;
       source = "none";
     } else {
@@ -405,7 +418,8 @@ void Engine::prefill_some(int *budget) {
   for (auto &sp : slots_) {
     if (sp->phase == Slot::Phase::kPrefill) order.push_back(sp.get());
   }
-  std::sort(order.begin(), order.end(), [](const Slot *a, const Slot *b) { return a->seq < b->seq; });
+  std::sort(order.begin(), order.end(),
+            [](const Slot *a, const Slot *b) { return a->seq < b->seq; });
   for (Slot *sp : order) {
     Slot &s = *sp;
     const std::vector<geist_token> &p = s.job->prompt;

@@ -51,7 +51,7 @@ struct Job {
   std::vector<geist_token> prompt;
   std::vector<size_t> boundaries;  // prompt positions worth a snapshot (chat turn ends)
   geist_sampling_params sampling = geist_sampling_params_default();
-  int64_t max_tokens = 0;          // at most the room left in the context
+  int64_t max_tokens = 0;  // at most the room left in the context
   std::vector<std::string> stop;
   bool logprobs = false;
   int top_logprobs = 0;
@@ -62,11 +62,11 @@ struct Job {
     std::vector<TokenLogprob> logprobs;  // one per generated token when logprobs is set
     bool started = false;                // a slot took the job
     bool done = false;
-    std::string finish_reason;           // "stop" or "length" when done without error
-    std::optional<ApiError> error;       // set when the job failed
+    std::string finish_reason;      // "stop" or "length" when done without error
+    std::optional<ApiError> error;  // set when the job failed
     size_t n_prompt = 0, n_cached = 0, n_generated = 0;
     double queue_ms = 0, prompt_ms = 0, generate_ms = 0;  // prompt_ms: start to first token
-    std::string cache_source;            // "none", "slot" or "cache"
+    std::string cache_source;                             // "none", "slot" or "cache"
   };
   std::mutex mu;
   std::condition_variable cv;
@@ -79,10 +79,10 @@ struct Job {
 
 struct EngineOptions {
   int n_parallel = 1;
-  size_t queue_max = 64;             // jobs waiting beyond the busy slots
-  size_t cache_bytes = 0;            // 0: no snapshot cache (live slots are still reused)
-  size_t min_snapshot_tokens = 16;   // shorter prefixes are not worth an entry
-  int prefill_budget = 256;          // prompt tokens per loop turn, across slots
+  size_t queue_max = 64;            // jobs waiting beyond the busy slots
+  size_t cache_bytes = 0;           // 0: no snapshot cache (live slots are still reused)
+  size_t min_snapshot_tokens = 16;  // shorter prefixes are not worth an entry
+  int prefill_budget = 256;         // prompt tokens per loop turn, across slots
   geist_session_params session = geist_session_params_default();
   // Called on the engine thread with each image the cache takes (the disk tier's put).
   std::function<void(uint64_t hash, std::shared_ptr<const std::vector<uint8_t>> image)> on_snapshot;
@@ -90,7 +90,8 @@ struct EngineOptions {
 
 // Counters for /metrics (a consistent copy).
 struct EngineStats {
-  uint64_t jobs_started = 0, jobs_finished = 0, jobs_cancelled = 0, jobs_failed = 0, jobs_rejected = 0;
+  uint64_t jobs_started = 0, jobs_finished = 0, jobs_cancelled = 0, jobs_failed = 0,
+           jobs_rejected = 0;
   uint64_t prompt_tokens = 0, prefilled_tokens = 0, cached_tokens = 0, generated_tokens = 0;
   uint64_t cache_hits = 0, slot_hits = 0, misses = 0;
   uint64_t snapshots_taken = 0, snapshot_bytes_taken = 0;
@@ -158,6 +159,7 @@ class Engine {
 
 // Sampling params for a request: the server's defaults overridden by the request's
 // fields; a missing seed is drawn at random.
-geist_sampling_params resolve_sampling(const geist_sampling_params &defaults, const SamplingFields &f);
+geist_sampling_params resolve_sampling(const geist_sampling_params &defaults,
+                                       const SamplingFields &f);
 
 }  // namespace geist::serve

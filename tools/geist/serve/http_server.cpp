@@ -35,7 +35,9 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 // JSON text; token pieces may hold partial UTF-8 sequences, which become U+FFFD.
-std::string dump(const json &j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+std::string dump(const json &j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 void send_json(httplib::Response &res, int status, const json &j) {
   res.status = status;
@@ -50,7 +52,9 @@ void send_error(httplib::Response &res, const ApiError &e) {
 ApiError server_error(int status, std::string code, std::string message) {
   ApiError e;
   e.http_status = status;
-  e.type = status == 401 ? "invalid_request_error" : status >= 500 ? "server_error" : "invalid_request_error";
+  e.type = status == 401   ? "invalid_request_error"
+           : status >= 500 ? "server_error"
+                           : "invalid_request_error";
   e.code = std::move(code);
   e.message = std::move(message);
   return e;
@@ -69,7 +73,8 @@ std::string random_id(const char *prefix) {
 // Compares without an early exit, so the time taken does not tell how much matched.
 bool same_secret(const std::string &a, const std::string &b) {
   unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size(); ++i) diff |= uint8_t(a[i]) ^ uint8_t(b.empty() ? 0 : b[i % b.size()]);
+  for (size_t i = 0; i < a.size(); ++i)
+    diff |= uint8_t(a[i]) ^ uint8_t(b.empty() ? 0 : b[i % b.size()]);
   return diff == 0;
 }
 
@@ -92,7 +97,8 @@ class Server {
   bool build_prompt(const GenRequest &r, Job *job, ApiError *err) const;
   json usage_json(const Job::Output &out) const;
   json timings_json(const Job::Output &out) const;
-  json logprobs_json(Endpoint ep, const std::vector<TokenLogprob> &lps, size_t from, size_t to) const;
+  json logprobs_json(Endpoint ep, const std::vector<TokenLogprob> &lps, size_t from,
+                     size_t to) const;
   json final_json(Endpoint ep, const std::string &id, time_t created, const Job::Output &out) const;
   json chunk_json(Endpoint ep, const std::string &id, time_t created, const json &delta_or_text,
                   const json &logprobs, const json &finish, bool with_usage) const;
@@ -116,7 +122,8 @@ class Server {
 };
 
 bool Server::authorized(const httplib::Request &req, httplib::Response &res) {
-  if (api_key_.empty() || req.path == "/health" || req.path == "/" || req.path == "/index.html") return true;
+  if (api_key_.empty() || req.path == "/health" || req.path == "/" || req.path == "/index.html")
+    return true;
   const std::string h = req.get_header_value("Authorization");
   const std::string bearer = "Bearer ";
   if (h.size() > bearer.size() && h.compare(0, bearer.size(), bearer) == 0 &&
@@ -124,7 +131,8 @@ bool Server::authorized(const httplib::Request &req, httplib::Response &res) {
     return true;
   }
   send_error(res, server_error(401, "invalid_api_key",
-                               h.empty() ? "no API key: send 'Authorization: Bearer KEY'" : "incorrect API key"));
+                               h.empty() ? "no API key: send 'Authorization: Bearer KEY'"
+                                         : "incorrect API key"));
   res.set_header("WWW-Authenticate", "Bearer");
   return false;
 }
@@ -141,8 +149,9 @@ bool Server::build_chat_prompt(const GenRequest &r, Job *job, ApiError *err) con
   for (; i < r.messages.size(); ++i) {
     const ChatMessage &m = r.messages[i];
     if (m.role == "system") {
-      *err = ApiError::invalid("a system message must come before the conversation's first user message",
-                               "messages[" + std::to_string(i) + "].role", "invalid_value");
+      *err = ApiError::invalid(
+          "a system message must come before the conversation's first user message",
+          "messages[" + std::to_string(i) + "].role", "invalid_value");
       return false;
     }
     if (!turns.empty() && turns.back().role == m.role) {
@@ -152,8 +161,9 @@ bool Server::build_chat_prompt(const GenRequest &r, Job *job, ApiError *err) con
     }
   }
   if (turns.empty() || turns.front().role != "user" || turns.back().role != "user") {
-    *err = ApiError::invalid("the messages must hold a user message first (after any system messages) and last",
-                             "messages", "invalid_value");
+    *err = ApiError::invalid(
+        "the messages must hold a user message first (after any system messages) and last",
+        "messages", "invalid_value");
     return false;
   }
   std::vector<geist_token> &t = job->prompt;
@@ -186,8 +196,8 @@ bool Server::build_prompt(const GenRequest &r, Job *job, ApiError *err) const {
     const int64_t nv = model_.info().n_vocab;
     for (int32_t t : r.prompt_tokens) {
       if (t < 0 || t >= nv) {
-        *err = ApiError::invalid("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                                     std::to_string(nv) + ")",
+        *err = ApiError::invalid("token id " + std::to_string(t) +
+                                     " is outside the vocabulary [0, " + std::to_string(nv) + ")",
                                  "prompt");
         return false;
       }
@@ -200,13 +210,15 @@ bool Server::build_prompt(const GenRequest &r, Job *job, ApiError *err) const {
   const size_t n = job->prompt.size();
   const size_t n_ctx = engine_->n_ctx();
   if (n == 0) {
-    *err = ApiError::invalid("the prompt is empty", r.endpoint == Endpoint::kChat ? "messages" : "prompt");
+    *err = ApiError::invalid("the prompt is empty",
+                             r.endpoint == Endpoint::kChat ? "messages" : "prompt");
     return false;
   }
   if (n >= n_ctx) {
     *err = ApiError::invalid("the prompt has " + std::to_string(n) + " tokens; the context holds " +
                                  std::to_string(n_ctx) + " (prompt and reply together; see -c)",
-                             r.endpoint == Endpoint::kChat ? "messages" : "prompt", "context_length_exceeded");
+                             r.endpoint == Endpoint::kChat ? "messages" : "prompt",
+                             "context_length_exceeded");
     return false;
   }
   const int64_t room = int64_t(n_ctx - n);
@@ -227,13 +239,17 @@ json Server::usage_json(const Job::Output &out) const {
 }
 
 json Server::timings_json(const Job::Output &out) const {
-  return json{{"cache_n", out.n_cached},         {"cache_source", out.cache_source},
-              {"prompt_n", out.n_prompt - out.n_cached}, {"prompt_ms", out.prompt_ms},
-              {"predicted_n", out.n_generated},  {"predicted_ms", out.generate_ms},
+  return json{{"cache_n", out.n_cached},
+              {"cache_source", out.cache_source},
+              {"prompt_n", out.n_prompt - out.n_cached},
+              {"prompt_ms", out.prompt_ms},
+              {"predicted_n", out.n_generated},
+              {"predicted_ms", out.generate_ms},
               {"queue_ms", out.queue_ms}};
 }
 
-json Server::logprobs_json(Endpoint ep, const std::vector<TokenLogprob> &lps, size_t from, size_t to) const {
+json Server::logprobs_json(Endpoint ep, const std::vector<TokenLogprob> &lps, size_t from,
+                           size_t to) const {
   if (ep == Endpoint::kChat) {
     json content = json::array();
     for (size_t i = from; i < to; ++i) {
@@ -243,12 +259,15 @@ json Server::logprobs_json(Endpoint ep, const std::vector<TokenLogprob> &lps, si
         const std::string p = model_.piece(id);
         top.push_back({{"token", p}, {"logprob", lp}, {"bytes", bytes_of(p)}});
       }
-      content.push_back({{"token", piece}, {"logprob", lps[i].logprob}, {"bytes", bytes_of(piece)},
+      content.push_back({{"token", piece},
+                         {"logprob", lps[i].logprob},
+                         {"bytes", bytes_of(piece)},
                          {"top_logprobs", std::move(top)}});
     }
     return json{{"content", std::move(content)}};
   }
-  json tokens = json::array(), token_lps = json::array(), tops = json::array(), offsets = json::array();
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(),
+       offsets = json::array();
   size_t offset = 0;
   for (size_t i = from; i < to; ++i) {
     const std::string piece = model_.piece(lps[i].token);
@@ -266,7 +285,8 @@ json Server::logprobs_json(Endpoint ep, const std::vector<TokenLogprob> &lps, si
               {"text_offset", std::move(offsets)}};
 }
 
-json Server::final_json(Endpoint ep, const std::string &id, time_t created, const Job::Output &out) const {
+json Server::final_json(Endpoint ep, const std::string &id, time_t created,
+                        const Job::Output &out) const {
   json choice = {{"index", 0}, {"finish_reason", out.finish_reason}, {"logprobs", nullptr}};
   if (ep == Endpoint::kChat) {
     choice["message"] = {{"role", "assistant"}, {"content", out.text}};
@@ -284,8 +304,9 @@ json Server::final_json(Endpoint ep, const std::string &id, time_t created, cons
   return j;
 }
 
-json Server::chunk_json(Endpoint ep, const std::string &id, time_t created, const json &delta_or_text,
-                        const json &logprobs, const json &finish, bool with_usage) const {
+json Server::chunk_json(Endpoint ep, const std::string &id, time_t created,
+                        const json &delta_or_text, const json &logprobs, const json &finish,
+                        bool with_usage) const {
   json choice = {{"index", 0}, {"logprobs", logprobs}, {"finish_reason", finish}};
   choice[ep == Endpoint::kChat ? "delta" : "text"] = delta_or_text;
   json j = {{"id", id},
@@ -301,7 +322,8 @@ json Server::chunk_json(Endpoint ep, const std::string &id, time_t created, cons
 // The SSE stream of one job: chunks as the engine emits text, then the final chunk, the
 // usage chunk when asked, and [DONE]. A write that fails (the client went away) cancels
 // the job, which frees its slot at the engine's next step.
-void Server::stream(Endpoint ep, std::shared_ptr<Job> job, bool include_usage, httplib::Response &res) {
+void Server::stream(Endpoint ep, std::shared_ptr<Job> job, bool include_usage,
+                    httplib::Response &res) {
   struct State {
     std::shared_ptr<Job> job;
     std::string id;
@@ -326,8 +348,8 @@ void Server::stream(Endpoint ep, std::shared_ptr<Job> job, bool include_usage, h
         };
         if (ep == Endpoint::kChat && !st->opened) {
           st->opened = true;
-          if (!send(chunk_json(ep, st->id, st->created, {{"role", "assistant"}, {"content", ""}}, nullptr, nullptr,
-                               include_usage))) {
+          if (!send(chunk_json(ep, st->id, st->created, {{"role", "assistant"}, {"content", ""}},
+                               nullptr, nullptr, include_usage))) {
             return false;
           }
         }
@@ -339,7 +361,8 @@ void Server::stream(Endpoint ep, std::shared_ptr<Job> job, bool include_usage, h
         {
           std::unique_lock<std::mutex> lk(j.mu);
           j.cv.wait_for(lk, std::chrono::milliseconds(500), [&] {
-            return j.out.done || j.out.text.size() > st->text_off || j.out.logprobs.size() > st->lp_off;
+            return j.out.done || j.out.text.size() > st->text_off ||
+                   j.out.logprobs.size() > st->lp_off;
           });
           text = j.out.text.substr(st->text_off);
           st->text_off = j.out.text.size();
@@ -352,7 +375,8 @@ void Server::stream(Endpoint ep, std::shared_ptr<Job> job, bool include_usage, h
         }
         if (!text.empty() || !lps.is_null()) {
           const json delta = ep == Endpoint::kChat ? json{{"content", text}} : json(text);
-          if (!send(chunk_json(ep, st->id, st->created, delta, lps, nullptr, include_usage))) return false;
+          if (!send(chunk_json(ep, st->id, st->created, delta, lps, nullptr, include_usage)))
+            return false;
         }
         if (!done) {
           // A comment line now and then: a client that went away is noticed while the
@@ -368,7 +392,8 @@ void Server::stream(Endpoint ep, std::shared_ptr<Job> job, bool include_usage, h
           if (!send(snap.error->to_json())) return false;
         } else {
           const json delta = ep == Endpoint::kChat ? json::object() : json("");
-          json fin = chunk_json(ep, st->id, st->created, delta, nullptr, snap.finish_reason, include_usage);
+          json fin = chunk_json(ep, st->id, st->created, delta, nullptr, snap.finish_reason,
+                                include_usage);
           fin["timings"] = timings_json(snap);
           if (!send(fin)) return false;
           if (include_usage) {
@@ -396,9 +421,11 @@ void Server::handle_generate(Endpoint ep, const httplib::Request &req, httplib::
   auto job = std::make_shared<Job>();
   if (!build_prompt(r, job.get(), &err)) return send_error(res, err);
   switch (engine_->submit(job)) {
-    case Engine::Submit::kOk: break;
+    case Engine::Submit::kOk:
+      break;
     case Engine::Submit::kQueueFull:
-      return send_error(res, server_error(503, "server_busy", "every slot is busy and the queue is full; retry"));
+      return send_error(
+          res, server_error(503, "server_busy", "every slot is busy and the queue is full; retry"));
     case Engine::Submit::kDraining:
       res.set_header("Connection", "close");
       return send_error(res, server_error(503, "shutting_down", "the server is shutting down"));
@@ -412,10 +439,13 @@ void Server::handle_generate(Endpoint ep, const httplib::Request &req, httplib::
   }
   if (out.error) return send_error(res, *out.error);
   if (out.finish_reason == "cancelled") {
-    return send_error(res, server_error(503, "cancelled", "the request was cancelled (server shutting down)"));
+    return send_error(
+        res, server_error(503, "cancelled", "the request was cancelled (server shutting down)"));
   }
-  json j = final_json(ep, random_id(ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-"), std::time(nullptr), out);
-  if (r.logprobs) j["choices"][0]["logprobs"] = logprobs_json(ep, out.logprobs, 0, out.logprobs.size());
+  json j = final_json(ep, random_id(ep == Endpoint::kChat ? "chatcmpl-" : "cmpl-"),
+                      std::time(nullptr), out);
+  if (r.logprobs)
+    j["choices"][0]["logprobs"] = logprobs_json(ep, out.logprobs, 0, out.logprobs.size());
   send_json(res, 200, j);
 }
 
@@ -425,50 +455,62 @@ std::string Server::metrics_text() const {
   std::ostringstream m;
   m.precision(15);
   auto metric = [&](const char *name, const char *type, const char *help, double v) {
-    m << "# HELP geist_" << name << ' ' << help << "\n# TYPE geist_" << name << ' ' << type << "\ngeist_" << name
-      << ' ' << v << '\n';
+    m << "# HELP geist_" << name << ' ' << help << "\n# TYPE geist_" << name << ' ' << type
+      << "\ngeist_" << name << ' ' << v << '\n';
   };
   {
     std::lock_guard<std::mutex> lk(http_mu_);
     m << "# HELP geist_http_requests_total HTTP requests answered, by route and status.\n"
          "# TYPE geist_http_requests_total counter\n";
     for (const auto &[k, v] : http_counts_) {
-      m << "geist_http_requests_total{route=\"" << k.first << "\",status=\"" << k.second << "\"} " << v << '\n';
+      m << "geist_http_requests_total{route=\"" << k.first << "\",status=\"" << k.second << "\"} "
+        << v << '\n';
     }
   }
-  metric("requests_started_total", "counter", "Generation requests a slot took.", double(s.jobs_started));
-  metric("requests_finished_total", "counter", "Generation requests that finished.", double(s.jobs_finished));
-  metric("requests_cancelled_total", "counter", "Generation requests cancelled (client gone, shutdown).",
-         double(s.jobs_cancelled));
-  metric("requests_failed_total", "counter", "Generation requests that failed in the engine.", double(s.jobs_failed));
+  metric("requests_started_total", "counter", "Generation requests a slot took.",
+         double(s.jobs_started));
+  metric("requests_finished_total", "counter", "Generation requests that finished.",
+         double(s.jobs_finished));
+  metric("requests_cancelled_total", "counter",
+         "Generation requests cancelled (client gone, shutdown).", double(s.jobs_cancelled));
+  metric("requests_failed_total", "counter", "Generation requests that failed in the engine.",
+         double(s.jobs_failed));
   metric("requests_rejected_total", "counter", "Requests refused because the queue was full.",
          double(s.jobs_rejected));
-  metric("prompt_tokens_total", "counter", "Prompt tokens of started requests.", double(s.prompt_tokens));
+  metric("prompt_tokens_total", "counter", "Prompt tokens of started requests.",
+         double(s.prompt_tokens));
   metric("prompt_tokens_computed_total", "counter", "Prompt tokens prefilled (not reused).",
          double(s.prefilled_tokens));
   metric("cached_tokens_total", "counter", "Prompt tokens reused from a live slot or the cache.",
          double(s.cached_tokens));
   metric("generated_tokens_total", "counter", "Tokens generated.", double(s.generated_tokens));
-  metric("prefix_cache_hits_total", "counter", "Requests that restored a cached snapshot.", double(s.cache_hits));
-  metric("prefix_slot_hits_total", "counter", "Requests that continued a live slot's tokens.", double(s.slot_hits));
+  metric("prefix_cache_hits_total", "counter", "Requests that restored a cached snapshot.",
+         double(s.cache_hits));
+  metric("prefix_slot_hits_total", "counter", "Requests that continued a live slot's tokens.",
+         double(s.slot_hits));
   metric("prefix_misses_total", "counter", "Requests that reused nothing.", double(s.misses));
   metric("prefix_cache_entries", "gauge", "Snapshots in the RAM cache.", double(s.cache_entries));
   metric("prefix_cache_bytes", "gauge", "Bytes charged to the RAM cache.", double(s.cache_bytes));
-  metric("prefix_cache_capacity_bytes", "gauge", "The RAM cache's hard cap (--cache-ram).", double(s.cache_capacity));
+  metric("prefix_cache_capacity_bytes", "gauge", "The RAM cache's hard cap (--cache-ram).",
+         double(s.cache_capacity));
   metric("prefix_cache_evictions_total", "counter", "Snapshots evicted from the RAM cache.",
          double(s.cache_evictions));
-  metric("snapshots_total", "counter", "Snapshots taken into the cache.", double(s.snapshots_taken));
+  metric("snapshots_total", "counter", "Snapshots taken into the cache.",
+         double(s.snapshots_taken));
   metric("decode_steps_total", "counter", "Batched decode steps.", double(s.decode_steps));
   metric("decode_rows_total", "counter", "Tokens decoded by those steps (rows per step summed).",
          double(s.decode_rows));
   metric("prefill_seconds_total", "counter", "Time spent prefilling prompts.", s.prefill_seconds);
   metric("decode_seconds_total", "counter", "Time spent in decode steps.", s.decode_seconds);
-  metric("snapshot_seconds_total", "counter", "Time spent taking snapshots into the cache.", s.snapshot_seconds);
-  metric("restore_seconds_total", "counter", "Time spent restoring cached snapshots.", s.restore_seconds);
+  metric("snapshot_seconds_total", "counter", "Time spent taking snapshots into the cache.",
+         s.snapshot_seconds);
+  metric("restore_seconds_total", "counter", "Time spent restoring cached snapshots.",
+         s.restore_seconds);
   metric("queue_depth", "gauge", "Requests waiting for a slot.", double(s.queue_depth));
   metric("slots_busy", "gauge", "Slots running a request.", double(s.slots_busy));
   metric("slots_total", "gauge", "Slots (--parallel).", double(s.slots_total));
-  metric("ready", "gauge", "1 when the model is loaded and requests are served.", ready_ && !draining_ ? 1 : 0);
+  metric("ready", "gauge", "1 when the model is loaded and requests are served.",
+         ready_ && !draining_ ? 1 : 0);
   return m.str();
 }
 
@@ -487,26 +529,37 @@ void Server::routes() {
     if (res.status == 404) {
       send_error(res, server_error(404, "not_found", "no route " + req.method + " " + req.path));
     } else if (res.status == 413) {
-      send_error(res, server_error(413, "request_too_large", "the request body is larger than --max-body"));
+      send_error(res, server_error(413, "request_too_large",
+                                   "the request body is larger than --max-body"));
     } else {
-      send_error(res, server_error(res.status, "http_error", "HTTP error " + std::to_string(res.status)));
+      send_error(
+          res, server_error(res.status, "http_error", "HTTP error " + std::to_string(res.status)));
     }
   });
-  svr_.set_exception_handler([](const httplib::Request &, httplib::Response &res, std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception &e) {
-      what = e.what();
-    } catch (...) {
-    }
-    send_error(res, server_error(500, "internal_error", "internal error: " + what));
-  });
+  svr_.set_exception_handler(
+      [](const httplib::Request &, httplib::Response &res, std::exception_ptr ep) {
+        std::string what = "unknown exception";
+        try {
+          if (ep) std::rethrow_exception(ep);
+        } catch (const std::exception &e) {
+          what = e.what();
+        } catch (...) {
+        }
+        send_error(res, server_error(500, "internal_error", "internal error: " + what));
+      });
   svr_.set_logger([this](const httplib::Request &req, const httplib::Response &res) {
     std::string route = req.path;
-    static const char *known[] = {"/health", "/v1/models", "/models", "/v1/completions", "/completions",
-                                  "/v1/chat/completions", "/chat/completions", "/tokenize", "/detokenize",
-                                  "/metrics", "/"};
+    static const char *known[] = {"/health",
+                                  "/v1/models",
+                                  "/models",
+                                  "/v1/completions",
+                                  "/completions",
+                                  "/v1/chat/completions",
+                                  "/chat/completions",
+                                  "/tokenize",
+                                  "/detokenize",
+                                  "/metrics",
+                                  "/"};
     bool k = false;
     for (const char *p : known) k = k || route == p;
     if (!k) route = "other";
@@ -515,7 +568,8 @@ void Server::routes() {
       ++http_counts_[{route, res.status}];
     }
     if (!o_.quiet && req.path != "/health" && req.path != "/metrics") {
-      std::fprintf(stderr, "geist serve: %s %s %d\n", req.method.c_str(), req.path.c_str(), res.status);
+      std::fprintf(stderr, "geist serve: %s %s %d\n", req.method.c_str(), req.path.c_str(),
+                   res.status);
     }
   });
 
@@ -528,8 +582,11 @@ void Server::routes() {
     json m = {{"id", model_id_}, {"object", "model"}, {"created", created_}, {"owned_by", "geist"}};
     if (ready_) {
       const geist_model_info i = model_.info();
-      m["meta"] = {{"n_ctx", engine_->n_ctx()}, {"n_ctx_train", i.n_ctx_train}, {"n_vocab", i.n_vocab},
-                   {"n_params", i.n_params}, {"arch", i.arch}};
+      m["meta"] = {{"n_ctx", engine_->n_ctx()},
+                   {"n_ctx_train", i.n_ctx_train},
+                   {"n_vocab", i.n_vocab},
+                   {"n_params", i.n_params},
+                   {"arch", i.arch}};
     }
     send_json(res, 200, {{"object", "list"}, {"data", json::array({m})}});
   };
@@ -572,9 +629,10 @@ void Server::routes() {
     const int64_t nv = model_.info().n_vocab;
     for (int32_t id : t) {
       if (id >= nv) {
-        return send_error(res, ApiError::invalid("token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                                                     std::to_string(nv) + ")",
-                                                 "tokens"));
+        return send_error(
+            res, ApiError::invalid("token id " + std::to_string(id) +
+                                       " is outside the vocabulary [0, " + std::to_string(nv) + ")",
+                                   "tokens"));
       }
     }
     std::string text;
@@ -588,7 +646,8 @@ void Server::routes() {
   });
   auto page = [](const httplib::Request &, httplib::Response &res) {
     res.set_header("Content-Security-Policy",
-                   "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'");
+                   "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                   "connect-src 'self'");
     res.set_header("X-Content-Type-Options", "nosniff");
     res.set_content(kChatPageHtml, "text/html; charset=utf-8");
   };
@@ -617,7 +676,8 @@ bool Server::load_model() {
     disk_ = std::make_unique<DiskCache>(o_.cache_dir, size_t(o_.cache_disk_mib) << 20);
     if (api::Error e = disk_->open()) return cli::report(e), false;
     files = disk_->read_all(eo.cache_bytes);
-    eo.on_snapshot = [d = disk_.get()](uint64_t h, std::shared_ptr<const std::vector<uint8_t>> img) {
+    eo.on_snapshot = [d = disk_.get()](uint64_t h,
+                                       std::shared_ptr<const std::vector<uint8_t>> img) {
       d->put(h, std::move(img));
     };
   }
@@ -626,16 +686,19 @@ bool Server::load_model() {
   const size_t n_files = files.size();
   if (api::Error e = engine_->start(std::move(files), &loaded)) return cli::report(e), false;
   if (disk_) {
-    std::fprintf(stderr, "geist serve: cache dir %s: %zu entr%s loaded (%zu file%s read)\n", o_.cache_dir.c_str(),
-                 loaded, loaded == 1 ? "y" : "ies", n_files, n_files == 1 ? "" : "s");
+    std::fprintf(stderr, "geist serve: cache dir %s: %zu entr%s loaded (%zu file%s read)\n",
+                 o_.cache_dir.c_str(), loaded, loaded == 1 ? "y" : "ies", n_files,
+                 n_files == 1 ? "" : "s");
   }
   return true;
 }
 
 int Server::run() {
   if (o_.parallel > o_.g.batch) {
-    std::fprintf(stderr, "geist: error: --parallel %d is above the batch size -b %d (one decode step holds at most -b "
-                         "requests)\n",
+    std::fprintf(stderr,
+                 "geist: error: --parallel %d is above the batch size -b %d (one decode step holds "
+                 "at most -b "
+                 "requests)\n",
                  o_.parallel, o_.g.batch);
     return 1;
   }
@@ -643,7 +706,8 @@ int Server::run() {
   if (!o_.api_key_file.empty()) {
     std::ifstream f(o_.api_key_file);
     if (!f || !std::getline(f, api_key_)) {
-      std::fprintf(stderr, "geist: error: cannot read an API key from '%s'\n", o_.api_key_file.c_str());
+      std::fprintf(stderr, "geist: error: cannot read an API key from '%s'\n",
+                   o_.api_key_file.c_str());
       return 1;
     }
     api_key_ = cli::trim(api_key_);
@@ -663,7 +727,9 @@ int Server::run() {
 #endif
   std::string file = o_.g.model;
   const size_t slash = file.find_last_of('/');
-  model_id_ = !o_.alias.empty() ? o_.alias : slash == std::string::npos ? file : file.substr(slash + 1);
+  model_id_ = !o_.alias.empty()            ? o_.alias
+              : slash == std::string::npos ? file
+                                           : file.substr(slash + 1);
 
   // Signals: SIGTERM/SIGINT are taken by one thread (sigwait), blocked everywhere else;
   // a write to a client that went away must fail, not kill the process.
@@ -686,7 +752,8 @@ int Server::run() {
     }
   }).detach();
 
-  const size_t threads = o_.http_threads > 0 ? size_t(o_.http_threads) : size_t(o_.parallel + o_.queue + 8);
+  const size_t threads =
+      o_.http_threads > 0 ? size_t(o_.http_threads) : size_t(o_.parallel + o_.queue + 8);
   svr_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   svr_.set_read_timeout(o_.read_timeout_s, 0);
   svr_.set_write_timeout(o_.write_timeout_s, 0);
@@ -701,13 +768,15 @@ int Server::run() {
   });
   routes();
   if (!svr_.bind_to_port(o_.host, o_.port)) {
-    std::fprintf(stderr, "geist: error: cannot listen on %s:%d (in use, or not an address of this machine)\n",
-                 o_.host.c_str(), o_.port);
+    std::fprintf(
+        stderr,
+        "geist: error: cannot listen on %s:%d (in use, or not an address of this machine)\n",
+        o_.host.c_str(), o_.port);
     return 1;
   }
   std::thread listener([this] { svr_.listen_after_bind(); });
-  std::fprintf(stderr, "geist serve: listening on http://%s:%d (loading %s)\n", o_.host.c_str(), o_.port,
-               o_.g.model.c_str());
+  std::fprintf(stderr, "geist serve: listening on http://%s:%d (loading %s)\n", o_.host.c_str(),
+               o_.port, o_.g.model.c_str());
   auto wait_signal = [&](int count, Clock::duration d) {
     std::unique_lock<std::mutex> lk(sig_mu);
     return sig_cv.wait_for(lk, d, [&] { return n_signals >= count; });
@@ -717,9 +786,10 @@ int Server::run() {
     rc = 1;
   } else {
     ready_ = true;
-    std::fprintf(stderr, "geist serve: ready: %s, %d slot%s, context %zu, prefix cache %d MiB%s%s\n",
-                 model_id_.c_str(), o_.parallel, o_.parallel == 1 ? "" : "s", engine_->n_ctx(), o_.cache_ram_mib,
-                 "", "");
+    std::fprintf(stderr,
+                 "geist serve: ready: %s, %d slot%s, context %zu, prefix cache %d MiB%s%s\n",
+                 model_id_.c_str(), o_.parallel, o_.parallel == 1 ? "" : "s", engine_->n_ctx(),
+                 o_.cache_ram_mib, "", "");
     while (!wait_signal(1, std::chrono::hours(24))) {
     }
     // Draining: new work gets 503; queued and running requests may finish within the grace
@@ -729,17 +799,20 @@ int Server::run() {
     engine_->drain();
     const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                              std::chrono::duration<double>(o_.shutdown_grace_s));
-    while (!engine_->idle() && Clock::now() < deadline && !wait_signal(2, std::chrono::milliseconds(50))) {
+    while (!engine_->idle() && Clock::now() < deadline &&
+           !wait_signal(2, std::chrono::milliseconds(50))) {
     }
     if (!engine_->idle()) {
       std::fprintf(stderr, "geist serve: cancelling the requests still running\n");
       engine_->cancel_all();
-      for (int i = 0; i < 200 && !engine_->idle(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      for (int i = 0; i < 200 && !engine_->idle(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
   // stop() does nothing before the listener is running: wait for it (a load that fails at
   // once can get here first).
-  for (int i = 0; i < 5000 && !svr_.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int i = 0; i < 5000 && !svr_.is_running(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   svr_.stop();
   listener.join();
   if (engine_) engine_->stop();

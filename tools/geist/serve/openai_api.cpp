@@ -27,20 +27,29 @@ namespace {
 // JSON type names as a reader of the error expects them.
 const char *type_name(const json &v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
     case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "an integer";
-    case json::value_t::number_float: return "a number";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    default: return "an unknown type";
+    case json::value_t::number_unsigned:
+      return "an integer";
+    case json::value_t::number_float:
+      return "a number";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    default:
+      return "an unknown type";
   }
 }
 
 ApiError wrong_type(const std::string &name, const char *want, const json &v) {
-  return ApiError::invalid("'" + name + "' must be " + want + ", not " + type_name(v), name, "invalid_type");
+  return ApiError::invalid("'" + name + "' must be " + want + ", not " + type_name(v), name,
+                           "invalid_type");
 }
 
 // Reads the optional field `name` of o. Absent or null: nothing changes, true.
@@ -53,7 +62,8 @@ bool get_bool(const json &o, const char *name, bool *out, ApiError *err) {
   return true;
 }
 
-bool get_number(const json &o, const char *name, double lo, double hi, std::optional<double> *out, ApiError *err) {
+bool get_number(const json &o, const char *name, double lo, double hi, std::optional<double> *out,
+                ApiError *err) {
   auto it = o.find(name);
   if (it == o.end() || it->is_null()) return true;
   if (!it->is_number()) return *err = wrong_type(name, "a number", *it), false;
@@ -67,15 +77,17 @@ bool get_number(const json &o, const char *name, double lo, double hi, std::opti
   return true;
 }
 
-bool get_int(const json &o, const char *name, int64_t lo, int64_t hi, std::optional<int64_t> *out, ApiError *err) {
+bool get_int(const json &o, const char *name, int64_t lo, int64_t hi, std::optional<int64_t> *out,
+             ApiError *err) {
   auto it = o.find(name);
   if (it == o.end() || it->is_null()) return true;
   if (!it->is_number_integer()) return *err = wrong_type(name, "an integer", *it), false;
   const bool too_big = it->is_number_unsigned() && it->get<uint64_t>() > uint64_t(INT64_MAX);
   const int64_t v = too_big ? INT64_MAX : it->get<int64_t>();
   if (too_big || v < lo || v > hi) {
-    return *err = ApiError::invalid("'" + std::string(name) + "' is " + it->dump() + "; it must be in [" +
-                                        std::to_string(lo) + ", " + std::to_string(hi) + "]",
+    return *err = ApiError::invalid("'" + std::string(name) + "' is " + it->dump() +
+                                        "; it must be in [" + std::to_string(lo) + ", " +
+                                        std::to_string(hi) + "]",
                                     name),
            false;
   }
@@ -96,13 +108,15 @@ bool message_text(const json &c, size_t i, std::string *out, ApiError *err) {
     if (!part.is_object()) return *err = wrong_type(pname, "an object", part), false;
     auto ty = part.find("type");
     if (ty == part.end() || !ty->is_string() || ty->get<std::string>() != "text") {
-      return *err = ApiError::invalid("'" + pname + ".type' must be \"text\" (this server reads text only)",
-                                      pname + ".type", "unsupported_value"),
+      return *err = ApiError::invalid(
+                 "'" + pname + ".type' must be \"text\" (this server reads text only)",
+                 pname + ".type", "unsupported_value"),
              false;
     }
     auto tx = part.find("text");
     if (tx == part.end() || !tx->is_string()) {
-      return *err = ApiError::invalid("'" + pname + ".text' must be a string", pname + ".text", "invalid_type"),
+      return *err = ApiError::invalid("'" + pname + ".text' must be a string", pname + ".text",
+                                      "invalid_type"),
              false;
     }
     *out += tx->get<std::string>();
@@ -113,27 +127,32 @@ bool message_text(const json &c, size_t i, std::string *out, ApiError *err) {
 bool parse_messages(const json &o, GenRequest *out, ApiError *err) {
   auto it = o.find("messages");
   if (it == o.end() || it->is_null()) {
-    return *err = ApiError::invalid("'messages' is required", "messages", "missing_required_parameter"), false;
+    return *err = ApiError::invalid("'messages' is required", "messages",
+                                    "missing_required_parameter"),
+           false;
   }
   if (!it->is_array()) return *err = wrong_type("messages", "an array", *it), false;
-  if (it->empty()) return *err = ApiError::invalid("'messages' must not be empty", "messages"), false;
+  if (it->empty())
+    return *err = ApiError::invalid("'messages' must not be empty", "messages"), false;
   for (size_t i = 0; i < it->size(); ++i) {
     const json &m = (*it)[i];
     const std::string name = "messages[" + std::to_string(i) + "]";
     if (!m.is_object()) return *err = wrong_type(name, "an object", m), false;
     auto role = m.find("role");
     if (role == m.end() || !role->is_string()) {
-      return *err = ApiError::invalid("'" + name + ".role' is required and must be a string", name + ".role",
-                                      role == m.end() ? "missing_required_parameter" : "invalid_type"),
+      return *err = ApiError::invalid(
+                 "'" + name + ".role' is required and must be a string", name + ".role",
+                 role == m.end() ? "missing_required_parameter" : "invalid_type"),
              false;
     }
     ChatMessage msg;
     msg.role = role->get<std::string>();
     if (msg.role == "developer") msg.role = "system";
     if (msg.role != "system" && msg.role != "user" && msg.role != "assistant") {
-      return *err = ApiError::invalid("'" + name + ".role' is '" + msg.role +
-                                          "'; this server takes system, developer, user and assistant messages",
-                                      name + ".role", "unsupported_value"),
+      return *err = ApiError::invalid(
+                 "'" + name + ".role' is '" + msg.role +
+                     "'; this server takes system, developer, user and assistant messages",
+                 name + ".role", "unsupported_value"),
              false;
     }
     auto content = m.find("content");
@@ -151,7 +170,8 @@ bool parse_messages(const json &o, GenRequest *out, ApiError *err) {
 bool parse_prompt(const json &o, GenRequest *out, ApiError *err) {
   auto it = o.find("prompt");
   if (it == o.end() || it->is_null()) {
-    return *err = ApiError::invalid("'prompt' is required", "prompt", "missing_required_parameter"), false;
+    return *err = ApiError::invalid("'prompt' is required", "prompt", "missing_required_parameter"),
+           false;
   }
   const json *p = &*it;
   // One prompt only (n = 1): a string, an array of token ids, or an array holding one of those.
@@ -163,14 +183,17 @@ bool parse_prompt(const json &o, GenRequest *out, ApiError *err) {
   if (p->is_array()) {
     for (const json &t : *p) {
       if (t.is_array() || t.is_string()) {
-        return *err = ApiError::invalid("'prompt' holds several prompts; this server takes one per request",
-                                        "prompt", "unsupported_value"),
+        return *err = ApiError::invalid(
+                   "'prompt' holds several prompts; this server takes one per request", "prompt",
+                   "unsupported_value"),
                false;
       }
-      if (!t.is_number_integer() || (t.is_number_unsigned() && t.get<uint64_t>() > uint64_t(INT32_MAX)) ||
+      if (!t.is_number_integer() ||
+          (t.is_number_unsigned() && t.get<uint64_t>() > uint64_t(INT32_MAX)) ||
           (!t.is_number_unsigned() && (t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX))) {
-        return *err = ApiError::invalid("'prompt' as an array must hold token ids (non-negative integers)", "prompt",
-                                        "invalid_type"),
+        return *err = ApiError::invalid(
+                   "'prompt' as an array must hold token ids (non-negative integers)", "prompt",
+                   "invalid_type"),
                false;
       }
       out->prompt_tokens.push_back(int32_t(t.get<int64_t>()));
@@ -189,22 +212,24 @@ bool parse_stop(const json &o, GenRequest *out, ApiError *err) {
     stop.push_back(it->get<std::string>());
   } else if (it->is_array()) {
     for (const json &s : *it) {
-      if (!s.is_string()) return *err = wrong_type("stop", "a string or an array of strings", s), false;
+      if (!s.is_string())
+        return *err = wrong_type("stop", "a string or an array of strings", s), false;
       stop.push_back(s.get<std::string>());
     }
   } else {
     return *err = wrong_type("stop", "a string or an array of strings", *it), false;
   }
   if (stop.size() > kMaxStopStrings) {
-    return *err = ApiError::invalid("'stop' has " + std::to_string(stop.size()) + " strings; at most " +
-                                        std::to_string(kMaxStopStrings),
+    return *err = ApiError::invalid("'stop' has " + std::to_string(stop.size()) +
+                                        " strings; at most " + std::to_string(kMaxStopStrings),
                                     "stop"),
            false;
   }
   for (std::string &s : stop) {
     if (s.size() > kMaxStopBytes) {
-      return *err = ApiError::invalid("a 'stop' string is longer than " + std::to_string(kMaxStopBytes) + " bytes",
-                                      "stop"),
+      return *err = ApiError::invalid(
+                 "a 'stop' string is longer than " + std::to_string(kMaxStopBytes) + " bytes",
+                 "stop"),
              false;
     }
     if (!s.empty()) out->stop.push_back(std::move(s));  // an empty stop string matches nothing
@@ -217,12 +242,15 @@ bool parse_stop(const json &o, GenRequest *out, ApiError *err) {
 bool refuse_unsupported(const json &o, ApiError *err) {
   auto tools = o.find("tools");
   if (tools != o.end() && !tools->is_null() && !(tools->is_array() && tools->empty())) {
-    return *err = ApiError::invalid("'tools' is not supported by this server", "tools", "unsupported_parameter"),
+    return *err = ApiError::invalid("'tools' is not supported by this server", "tools",
+                                    "unsupported_parameter"),
            false;
   }
   auto echo = o.find("echo");
   if (echo != o.end() && echo->is_boolean() && echo->get<bool>()) {
-    return *err = ApiError::invalid("'echo' is not supported by this server", "echo", "unsupported_value"), false;
+    return *err = ApiError::invalid("'echo' is not supported by this server", "echo",
+                                    "unsupported_value"),
+           false;
   }
   std::optional<int64_t> best_of;
   if (!get_int(o, "best_of", 1, 1, &best_of, err)) {
@@ -258,8 +286,9 @@ bool parse_sampling(const json &o, GenRequest *out, ApiError *err) {
     } else if (seed->get<int64_t>() >= 0) {
       s.seed = uint64_t(seed->get<int64_t>());
     } else if (seed->get<int64_t>() != -1) {
-      return *err = ApiError::invalid("'seed' is " + seed->dump() + "; it must be in [0, 2^64-1] (or -1: random)",
-                                      "seed"),
+      return *err = ApiError::invalid(
+                 "'seed' is " + seed->dump() + "; it must be in [0, 2^64-1] (or -1: random)",
+                 "seed"),
              false;
     }
   }
@@ -275,8 +304,9 @@ bool parse_json_object(const std::string &body, json *out, ApiError *err) {
     return false;
   }
   if (!j.is_object()) {
-    *err = ApiError::invalid(std::string("the request body must be a JSON object, not ") + type_name(j), "",
-                             "invalid_type");
+    *err = ApiError::invalid(
+        std::string("the request body must be a JSON object, not ") + type_name(j), "",
+        "invalid_type");
     return false;
   }
   *out = std::move(j);
@@ -323,7 +353,9 @@ bool parse_gen_request(Endpoint ep, const std::string &body, GenRequest *out, Ap
     std::optional<int64_t> top;
     if (!get_int(o, "top_logprobs", 0, kMaxTopLogprobs, &top, err)) return false;
     if (top && *top > 0 && !r.logprobs) {
-      return *err = ApiError::invalid("'top_logprobs' needs 'logprobs' set to true", "top_logprobs"), false;
+      return *err =
+                 ApiError::invalid("'top_logprobs' needs 'logprobs' set to true", "top_logprobs"),
+             false;
     }
     r.top_logprobs = int(top.value_or(0));
   } else {  // legacy completions: logprobs is the number of alternatives, 0..5
@@ -342,7 +374,9 @@ bool parse_tokenize_request(const std::string &body, TokenizeRequest *out, ApiEr
   TokenizeRequest r;
   auto c = o.find("content");
   if (c == o.end() || c->is_null()) {
-    return *err = ApiError::invalid("'content' is required", "content", "missing_required_parameter"), false;
+    return *err =
+               ApiError::invalid("'content' is required", "content", "missing_required_parameter"),
+           false;
   }
   if (!c->is_string()) return *err = wrong_type("content", "a string", *c), false;
   r.content = c->get<std::string>();
@@ -358,16 +392,18 @@ bool parse_detokenize_request(const std::string &body, std::vector<int32_t> *out
   if (!parse_json_object(body, &o, err)) return false;
   auto t = o.find("tokens");
   if (t == o.end() || t->is_null()) {
-    return *err = ApiError::invalid("'tokens' is required", "tokens", "missing_required_parameter"), false;
+    return *err = ApiError::invalid("'tokens' is required", "tokens", "missing_required_parameter"),
+           false;
   }
   if (!t->is_array()) return *err = wrong_type("tokens", "an array of token ids", *t), false;
   std::vector<int32_t> ids;
   ids.reserve(t->size());
   for (const json &v : *t) {
-    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT32_MAX)) ||
+    if (!v.is_number_integer() ||
+        (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT32_MAX)) ||
         (!v.is_number_unsigned() && (v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX))) {
-      return *err = ApiError::invalid("'tokens' must hold token ids (non-negative integers)", "tokens",
-                                      "invalid_type"),
+      return *err = ApiError::invalid("'tokens' must hold token ids (non-negative integers)",
+                                      "tokens", "invalid_type"),
              false;
     }
     ids.push_back(int32_t(v.get<int64_t>()));

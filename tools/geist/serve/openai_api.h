@@ -22,7 +22,8 @@ struct ApiError {
   std::string code;
 
   nlohmann::json to_json() const;
-  static ApiError invalid(std::string message, std::string param = {}, std::string code = "invalid_value");
+  static ApiError invalid(std::string message, std::string param = {},
+                          std::string code = "invalid_value");
 };
 
 enum class Endpoint { kCompletions, kChat };
@@ -42,26 +43,26 @@ struct SamplingFields {
 
 // Limits on what a request may ask for (beyond the context, checked after tokenizing).
 inline constexpr size_t kMaxStopStrings = 16;
-inline constexpr size_t kMaxStopBytes = 1024;     // per stop string
-inline constexpr int kMaxTopLogprobs = 20;        // chat; legacy completions: 5
+inline constexpr size_t kMaxStopBytes = 1024;  // per stop string
+inline constexpr int kMaxTopLogprobs = 20;     // chat; legacy completions: 5
 inline constexpr int kMaxLegacyLogprobs = 5;
 
 // A /v1/completions or /v1/chat/completions request.
 struct GenRequest {
   Endpoint endpoint = Endpoint::kChat;
-  std::string model;                  // echoed back; any name is accepted
-  std::vector<ChatMessage> messages;  // chat
-  std::string prompt;                 // completions, text form
-  std::vector<int32_t> prompt_tokens; // completions, token ids form (ids checked later)
+  std::string model;                   // echoed back; any name is accepted
+  std::vector<ChatMessage> messages;   // chat
+  std::string prompt;                  // completions, text form
+  std::vector<int32_t> prompt_tokens;  // completions, token ids form (ids checked later)
   bool prompt_is_tokens = false;
-  int64_t max_tokens = -1;            // -1: until end of generation or a full context
+  int64_t max_tokens = -1;  // -1: until end of generation or a full context
   SamplingFields sampling;
-  std::vector<std::string> stop;      // non-empty strings
+  std::vector<std::string> stop;  // non-empty strings
   bool stream = false;
-  bool include_usage = false;         // stream_options.include_usage
+  bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;
   int top_logprobs = 0;
-  bool cache_prompt = true;           // false: no prefix reuse and no caching (llama.cpp's name)
+  bool cache_prompt = true;  // false: no prefix reuse and no caching (llama.cpp's name)
 };
 
 // Parses body into *out, or fills *err (HTTP 400) and returns false. Unknown fields are

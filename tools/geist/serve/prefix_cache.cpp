@@ -25,7 +25,8 @@ size_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
   return i;
 }
 
-const PrefixCache::Entry *PrefixCache::find_longest_prefix(const int32_t *p, size_t n, size_t max_len) {
+const PrefixCache::Entry *PrefixCache::find_longest_prefix(const int32_t *p, size_t n,
+                                                           size_t max_len) {
   Entry *best = nullptr;
   for (Entry &e : entries_) {
     const size_t len = e.tokens.size();
@@ -38,7 +39,8 @@ const PrefixCache::Entry *PrefixCache::find_longest_prefix(const int32_t *p, siz
 
 size_t PrefixCache::longest_common_prefix(const int32_t *p, size_t n) const {
   size_t best = 0;
-  for (const Entry &e : entries_) best = std::max(best, common_prefix(p, n, e.tokens.data(), e.tokens.size()));
+  for (const Entry &e : entries_)
+    best = std::max(best, common_prefix(p, n, e.tokens.data(), e.tokens.size()));
   return best;
 }
 
@@ -72,7 +74,8 @@ bool PrefixCache::make_room(size_t cost) {
   return true;
 }
 
-bool PrefixCache::insert(std::vector<int32_t> tokens, std::shared_ptr<const std::vector<uint8_t>> image) {
+bool PrefixCache::insert(std::vector<int32_t> tokens,
+                         std::shared_ptr<const std::vector<uint8_t>> image) {
   const uint64_t h = tokens_hash(tokens.data(), tokens.size());
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (entries_[i].hash == h && entries_[i].tokens == tokens) {
