@@ -4,6 +4,10 @@
   load:   --clients C streaming chat clients, --requests R each (a shared system text,
           distinct questions): errors, complete streams, aggregate generated tokens/s,
           P50/P95 time to first token.
+  workload: the pinned-prefix workload over HTTP: 3 system texts (~240 tokens) x 20
+          requests, each with its own ~360-token question, 16 tokens generated, greedy;
+          each request once with the cache and once with "cache_prompt": false, interleaved:
+          end-to-end latency P50/P95 of both, their ratio, and whether outputs are equal.
   memory: --requests R requests cycling over --prefixes P distinct system texts (each
           request a new question), then R identical requests; the server's RSS
           (/proc/PID/status, --pid) before, after the first phase and after the second.
@@ -97,6 +101,34 @@ def load(a):
         print("error:", e)
 
 
+def workload(a):
+    def post(body):
+        req = urllib.request.Request(a.url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(req, timeout=600) as r:
+            out = json.load(r)
+        return time.perf_counter() - t0, out
+    on, off, same, cached = [], [], True, []
+    for r in range(20):
+        for k in range(3):
+            question = f"Figure {r} of document {k}: " + " ".join(
+                f"panel {i} shows series {r}-{i} rising to {i * 7 + r} units;" for i in range(20)) + " Explain."
+            body = {"messages": [{"role": "system", "content": system_text(k, 112)},
+                                 {"role": "user", "content": question}], "max_tokens": 16, "temperature": 0}
+            t_off, o_off = post(dict(body, cache_prompt=False))
+            t_on, o_on = post(body)
+            off.append(t_off * 1e3)
+            on.append(t_on * 1e3)
+            cached.append(o_on["usage"]["prompt_tokens_details"]["cached_tokens"])
+            same = same and o_on["choices"][0]["message"]["content"] == o_off["choices"][0]["message"]["content"]
+            n_prompt = o_on["usage"]["prompt_tokens"]
+    print(f"60 requests, prompt ~{n_prompt} tokens, cached median {sorted(cached)[30]} tokens")
+    print(f"cache off: P50 {pct(off, 50):.0f} ms  P95 {pct(off, 95):.0f} ms")
+    print(f"cache on:  P50 {pct(on, 50):.0f} ms  P95 {pct(on, 95):.0f} ms")
+    print(f"ratio P50 {pct(on, 50) / pct(off, 50):.2f}; outputs identical: {same}")
+
+
 def memory(a):
     def one(k, q):
         body = {"messages": [{"role": "system", "content": system_text(k)},
@@ -120,7 +152,7 @@ def memory(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["load", "memory"])
+    ap.add_argument("mode", choices=["load", "memory", "workload"])
     ap.add_argument("--url", default="http://127.0.0.1:8080")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--requests", type=int, default=4)
@@ -130,7 +162,7 @@ def main():
     a = ap.parse_args()
     if not a.url.startswith("http://127.0.0.1:"):
         ap.error("--url must be http://127.0.0.1:PORT")
-    load(a) if a.mode == "load" else memory(a)
+    {"load": load, "memory": memory, "workload": workload}[a.mode](a)
 
 
 if __name__ == "__main__":

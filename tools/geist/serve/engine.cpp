@@ -277,11 +277,20 @@ std::vector<size_t> Engine::snapshot_points(const Slot &s, size_t reused) {
   pts.push_back(lcp);
   std::sort(pts.begin(), pts.end());
   pts.erase(std::unique(pts.begin(), pts.end()), pts.end());
-  pts.erase(
-      std::remove_if(pts.begin(), pts.end(),
-                     [&](size_t p) { return p <= reused || p > n || p < o_.min_snapshot_tokens; }),
-      pts.end());
-  return pts;
+  // A snapshot costs a copy of the KV rows and splits the prefill (one more pass of the
+  // output head), so a boundary within min_snapshot_tokens of the start state or of the
+  // boundary before it is not worth one. The prompt's end always is (a repeated prompt, the
+  // next turn of a conversation).
+  const size_t gap = o_.min_snapshot_tokens;
+  std::vector<size_t> kept;
+  size_t last = reused;
+  for (size_t p : pts) {
+    if (p > n || p < gap || p <= reused) continue;
+    if (p != n && p < last + gap) continue;
+    kept.push_back(p);
+    last = p;
+  }
+  return kept;
 }
 
 void Engine::start_job(Slot &s, std::shared_ptr<Job> job) {
