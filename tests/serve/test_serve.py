@@ -277,7 +277,8 @@ def test_concurrent_requests_match_sequential(client):
 @pytest.fixture(scope="module")
 def tiny(start_server):
     """The tiny random model: one slot, no queue, a large context (long generations)."""
-    return start_server(["-c", "32768", "--parallel", "1", "--queue", "0", "-q"], model=TINY)
+    return start_server(["-c", "32768", "--parallel", "1", "--queue", "0", "--timeout", "1", "--keep-alive", "1",
+                         "-q"], model=TINY)
 
 
 def _long_stream(url):
@@ -311,6 +312,25 @@ def test_disconnect_mid_stream_frees_the_slot(tiny):
     # The slot serves the next request.
     status, _, raw = http("POST", tiny.url + "/v1/completions", {"prompt": "hi", "max_tokens": 3})
     assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 3
+
+
+def test_a_client_that_stops_sending_is_dropped(tiny):
+    # Half a request, then silence (slowloris): after --timeout (1 s here) the server
+    # answers 400 (or just closes), and the connection is gone after --keep-alive more
+    # (httplib 0.11 waits that long even after "Connection: close").
+    for partial in (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Len",
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro"):
+        with socket.create_connection(("127.0.0.1", tiny.port), timeout=10) as s:
+            s.sendall(partial)
+            t0 = time.time()
+            got = b""
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                got += chunk
+            assert got == b"" or got.startswith(b"HTTP/1.1 400"), got
+            assert time.time() - t0 < 5
 
 
 def test_full_queue_answers_503_with_retry_after(tiny):

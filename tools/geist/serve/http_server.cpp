@@ -526,6 +526,11 @@ void Server::routes() {
   });
   svr_.set_error_handler([](const httplib::Request &req, httplib::Response &res) {
     if (!res.body.empty()) return;
+    // An error httplib raised (a request it could not read, or too large) ends the
+    // connection: what follows on it cannot be trusted to be a request.
+    if (res.status == 400 || res.status == 413 || res.status == 414 || res.status == 431) {
+      res.set_header("Connection", "close");
+    }
     if (res.status == 404) {
       send_error(res, server_error(404, "not_found", "no route " + req.method + " " + req.path));
     } else if (res.status == 413) {
