@@ -446,3 +446,15 @@ def test_concurrent_requests_on_a_new_prefix_share_it(client):
     for i in range(2):
         cold = chat(client, users[i], system=system, max_tokens=10, temperature=0, extra_body={"cache_prompt": False})
         assert out[i].choices[0].message.content == cold.choices[0].message.content
+
+
+def test_seed_option_is_the_default_seed(start_server):
+    body = {"prompt": "hi", "max_tokens": 12, "temperature": 1.0, "top_k": 0}
+    fixed = start_server(["-c", "1024", "-q", "-s", "5"], model=TINY)
+    a = [json.loads(http("POST", fixed.url + "/v1/completions", body)[2])["choices"][0]["text"] for _ in range(2)]
+    assert a[0] == a[1]
+    seeded = json.loads(http("POST", fixed.url + "/v1/completions", dict(body, seed=5))[2])["choices"][0]["text"]
+    assert seeded == a[0]
+    free = start_server(["-c", "1024", "-q"], model=TINY)
+    b = {json.loads(http("POST", free.url + "/v1/completions", body)[2])["choices"][0]["text"] for _ in range(4)}
+    assert len(b) > 1  # no seed, no -s: a random seed per request

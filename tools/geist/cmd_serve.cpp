@@ -67,7 +67,8 @@ Runner add_serve(CLI::App &app) {
   sub->footer(
       "Endpoints: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /tokenize, "
       "/detokenize, / (a chat page). See docs/SERVE.md.");
-  return [o] {
+  return [o, sub] {
+    o->fixed_seed = sub->count("--seed") > 0 && !o->g.random_seed;
 #ifdef GEIST_HAVE_HTTPLIB
     return serve::run_server(*o);
 #else

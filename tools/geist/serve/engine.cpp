@@ -49,7 +49,7 @@ TokenLogprob logprob_of(const float *logits, size_t nv, int32_t token, int top) 
 }  // namespace
 
 geist_sampling_params resolve_sampling(const geist_sampling_params &defaults,
-                                       const SamplingFields &f) {
+                                       const SamplingFields &f, bool fixed_seed) {
   geist_sampling_params p = defaults;
   if (f.temperature) p.temperature = float(*f.temperature);
   if (f.top_p) p.top_p = float(*f.top_p);
@@ -58,7 +58,7 @@ geist_sampling_params resolve_sampling(const geist_sampling_params &defaults,
   if (f.top_k) p.top_k = int32_t(std::clamp<int64_t>(*f.top_k, INT32_MIN, INT32_MAX));
   if (f.seed) {
     p.seed = *f.seed;
-  } else {
+  } else if (!fixed_seed) {
     static std::mutex mu;
     static std::mt19937_64 rng{(uint64_t(std::random_device{}()) << 32) ^ std::random_device{}()};
     std::lock_guard<std::mutex> lk(mu);

@@ -158,8 +158,8 @@ class Engine {
 };
 
 // Sampling params for a request: the server's defaults overridden by the request's
-// fields; a missing seed is drawn at random.
+// fields; a missing seed is the default's when fixed_seed, else drawn at random.
 geist_sampling_params resolve_sampling(const geist_sampling_params &defaults,
-                                       const SamplingFields &f);
+                                       const SamplingFields &f, bool fixed_seed = false);
 
 }  // namespace geist::serve

@@ -223,7 +223,7 @@ bool Server::build_prompt(const GenRequest &r, Job *job, ApiError *err) const {
   }
   const int64_t room = int64_t(n_ctx - n);
   job->max_tokens = r.max_tokens < 0 ? room : std::min<int64_t>(r.max_tokens, room);
-  job->sampling = resolve_sampling(o_.g.sampling, r.sampling);
+  job->sampling = resolve_sampling(o_.g.sampling, r.sampling, o_.fixed_seed);
   job->stop = r.stop;
   job->logprobs = r.logprobs;
   job->top_logprobs = r.top_logprobs;

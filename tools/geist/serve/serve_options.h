@@ -24,6 +24,7 @@ struct ServeOptions {
   double shutdown_grace_s = 10;  // running requests get this long after SIGTERM
   int min_snapshot_tokens = 16;
   bool quiet = false;  // no per-request log lines
+  bool fixed_seed = false;  // -s given: requests without a seed use it (else random)
 };
 
 // Runs the server until SIGTERM/SIGINT; the exit code.
