@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh clone: dependencies, the default model, a release
-# build with every test (unit, int, e2e), then the unit and int tests again under
-# AddressSanitizer + UndefinedBehaviorSanitizer, and the threaded tests under
-# ThreadSanitizer.  GEIST_SKIP_SANITIZERS=1 skips the sanitizer runs.
+# build with every test (unit, int, e2e) and the HTTP server's tests (pytest), then the
+# unit and int tests again under AddressSanitizer + UndefinedBehaviorSanitizer, and the
+# threaded tests under ThreadSanitizer.  GEIST_SKIP_SANITIZERS=1 skips the sanitizer runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="$(nproc)"
@@ -14,6 +14,18 @@ python3 scripts/fetch_model.py >/dev/null
 cmake --preset release -DGEIST_WERROR="${GEIST_WERROR:-ON}" >/dev/null
 cmake --build --preset release -j"$jobs"
 ctest --preset release -j"$jobs"
+# geist serve through the `openai` client (tests/serve, pytest): the packages go into
+# build/pydeps (pip --target: no system or externally-managed Python is touched).
+if [ "${GEIST_SKIP_SERVE:-0}" = 1 ]; then
+  echo "test.sh: SKIP geist serve tests (GEIST_SKIP_SERVE=1)"
+else
+  pydeps="$PWD/build/pydeps"
+  if ! PYTHONPATH="$pydeps" python3 -c 'import openai, pytest' 2>/dev/null; then
+    python3 -m pip install -q --disable-pip-version-check --target "$pydeps" openai pytest
+  fi
+  echo "test.sh: geist serve (pytest)"
+  PYTHONPATH="$pydeps" GEIST_BIN="$PWD/build/release/tools/geist" python3 -m pytest -q -p no:cacheprovider tests/serve
+fi
 # The lower ISA tiers end to end (the release run above used the best one this CPU has):
 # batch invariance of sessions, the C ABI and the kernels' own tests on each.
 isas="generic avx2"
@@ -33,7 +45,9 @@ if [ "${GEIST_SKIP_LIBCXX:-0}" != 1 ] && ! { command -v clang++ >/dev/null && ec
   echo "test.sh: SKIP clang + libc++ compile check: no clang++ with libc++ here"
 elif [ "${GEIST_SKIP_LIBCXX:-0}" != 1 ]; then
   echo "test.sh: clang + libc++ compile check"
-  CC=clang CXX=clang++ cmake -S . -B build/libcxx -DCMAKE_BUILD_TYPE=Release -DGEIST_WERROR=ON \
+  # Without the server: Debian's cpp-httplib is a compiled library for libstdc++ (the build
+  # then checks the fallback that says so).
+  CC=clang CXX=clang++ cmake -S . -B build/libcxx -DCMAKE_BUILD_TYPE=Release -DGEIST_WERROR=ON -DGEIST_SERVE=OFF \
     -DCMAKE_CXX_FLAGS="-stdlib=libc++" -DCMAKE_EXE_LINKER_FLAGS="-stdlib=libc++" \
     -DCMAKE_SHARED_LINKER_FLAGS="-stdlib=libc++" >/dev/null
   cmake --build build/libcxx -j"$jobs" --target geist geist_shared pinned_prefix session_costs

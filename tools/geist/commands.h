@@ -20,6 +20,7 @@ Runner add_chat(CLI::App &app);
 Runner add_perplexity(CLI::App &app);
 Runner add_inspect(CLI::App &app);
 Runner add_bench(CLI::App &app);
+Runner add_serve(CLI::App &app);
 
 // -m/--model with the default model's path as the default.
 void add_model_option(CLI::App *sub, std::string *path);

@@ -39,11 +39,12 @@ int run_main(int argc, char **argv) {
   reg(geist::cli::add_perplexity);
   reg(geist::cli::add_inspect);
   reg(geist::cli::add_bench);
+  reg(geist::cli::add_serve);
   if (argc > 1 && argv[1][0] != '-') {
     bool known = false;
     for (CLI::App *sub : app.get_subcommands({})) known = known || sub->get_name() == argv[1];
     if (!known) {
-      std::fprintf(stderr, "geist: error: unknown command '%s' (commands: run, chat, perplexity, inspect, bench)\n", argv[1]);
+      std::fprintf(stderr, "geist: error: unknown command '%s' (commands: run, chat, perplexity, inspect, bench, serve)\n", argv[1]);
       return 2;
     }
   }
@@ -51,7 +52,7 @@ int run_main(int argc, char **argv) {
   std::vector<std::string> args;
   for (int i = argc - 1; i >= 1; --i) {  // CLI11 takes the arguments in reverse order
     std::string a = argv[i];
-    for (const auto &[from, to] : {std::pair{"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"}}) {
+    for (const auto &[from, to] : {std::pair{"-ctk", "--cache-type-k"}, {"-ctv", "--cache-type-v"}, {"-np", "--parallel"}}) {
       if (a == from || a.rfind(std::string(from) + "=", 0) == 0) a = to + a.substr(std::strlen(from));
     }
     args.push_back(std::move(a));
