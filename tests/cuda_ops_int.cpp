@@ -931,7 +931,7 @@ CUDA_TEST(CudaOps, DISABLED_Perf) {
   std::mt19937 rng(3);
   cu::CudaStream s = cuda_env().s;
   const int64_t k = 2560, n = 10240;  // Gemma 4 E4B's FFN up/gate
-  DevBuf dx(random_acts(512, n, rng)), dy(size_t(512) * n * 4);
+  DevBuf dx(random_acts(512, n, rng)), dy(size_t(512) * 10752 * 4);
   {
     // The ceiling for streaming weights: a device-to-device copy of 1 GiB (read + write).
     const size_t bytes = size_t(1) << 30;
@@ -944,11 +944,13 @@ CUDA_TEST(CudaOps, DISABLED_Perf) {
     int64_t k, n;
     bool f32;
   };
-  // E4B's FFN gate/up in four types, then its down and attention output projections.
+  // E4B's FFN gate/up in four types, then its down and attention output projections, then
+  // its BF16 per-layer-input gate, projection and model projection.
   const Shape shapes[] = {{GgmlType::Q4_K, k, n, true},       {GgmlType::Q6_K, k, n, true},
                           {GgmlType::Q8_0, k, n, true},       {GgmlType::F16, k, n, true},
                           {GgmlType::Q4_K, n, k, false},      {GgmlType::Q6_K, n, k, false},
-                          {GgmlType::Q4_K, 2048, 2560, false}};
+                          {GgmlType::Q4_K, 2048, 2560, false},  {GgmlType::BF16, 2560, 256, true},
+                          {GgmlType::BF16, 256, 2560, true},    {GgmlType::BF16, 2560, 10752, true}};
   for (const Shape &sh : shapes) {
     const GgmlType t = sh.t;
     const int64_t k = sh.k, n = sh.n;

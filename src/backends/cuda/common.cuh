@@ -40,6 +40,10 @@ bool dispatch_among(E t, F &&f) {
 // false where GEIST_CUDA_PDL=0 or the current device is older than sm_90.
 bool pdl_enabled();
 
+// Weight prefetch of the matrix-vector kernels (GEIST_CUDA_PREFETCH): 0 none, 1 into L2
+// (the default), 2 into L1. See dev::prefetch_lines.
+int prefetch_mode();
+
 template <class... P, class... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 block, CudaStream s, A &&...args) {
   cudaLaunchAttribute attr[1];
@@ -61,6 +65,24 @@ __device__ __forceinline__ void pdl_start() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+
+// Asks for the 128-byte lines of [p, p + n) ahead of their loads, thread i of count issuing
+// lines i, i + count, ...: mode 1 into L2, mode 2 into L1, 0 nothing. The matrix-vector
+// kernels call it on their weight rows before pdl_start(): weights never depend on the
+// kernel before, so the requests overlap its tail, and a warp's whole row is in flight at
+// once instead of one step's blocks per round trip. A prefetch changes no value.
+__device__ __forceinline__ void prefetch_lines(const void *p, size_t n, int i, int count, int mode) {
+  if (mode == 0 || n == 0) return;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(p) + n;
+  for (uintptr_t a = (reinterpret_cast<uintptr_t>(p) & ~uintptr_t(127)) + 128 * uintptr_t(i); a < end;
+       a += 128 * uintptr_t(count)) {
+    if (mode == 1) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+    } else {
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(a));
+    }
+  }
 }
 
 // Unaligned little-endian loads: block fields are not aligned in general.

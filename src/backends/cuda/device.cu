@@ -156,6 +156,15 @@ bool pdl_enabled() {
   return m >= 9;
 }
 
+int prefetch_mode() {
+  static const int v = [] {
+    const char *e = std::getenv("GEIST_CUDA_PREFETCH");
+    if (e == nullptr || e[0] == '\0') return 1;
+    return (e[0] == '0' || e[0] == '2') && e[1] == '\0' ? e[0] - '0' : 1;
+  }();
+  return v;
+}
+
 Status graph_capture_begin(CudaStream s) {
   return cuda_status(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
 }

@@ -166,6 +166,7 @@ struct MvSet {
   int64_t n_out[kMaxSet];
   int64_t first[kMaxSet + 1];  // warps before matrix m (warp = output); first[n] = the total
   int n;
+  int prefetch;  // cuda::prefetch_mode()
 };
 
 // P warps per output (P > 1, for matrices with few outputs, where one warp per output
@@ -177,7 +178,6 @@ constexpr int kMvSplitMaxBlocks = 128;  // super-blocks per row (K <= 32768) for
 template <GgmlType T, int R, int P>
 __global__ void __launch_bounds__(kMvWarps * 32)
     matvec_kernel(MvSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd, int n_rows) {
-  dev::pdl_start();
   using L = KQ<T>;
   static_assert(P == 1 || R <= 2, "the split kernel keeps 2 rows of terms");
   constexpr int kSegBytes = 32 / L::kSegs, kOuts = kMvWarps / P;
@@ -186,13 +186,15 @@ __global__ void __launch_bounds__(kMvWarps * 32)
   const int warp = threadIdx.x / 32, part = warp % P;
   const int64_t gw = int64_t(blockIdx.x) * kOuts + warp / P;  // the output, over the set
   const bool active = gw < set.first[set.n];
-  if (P == 1 && !active) return;  // whole warps (P > 1: every warp reaches the barrier)
   int m = 0;
   while (m + 1 < set.n && gw >= set.first[m + 1]) ++m;
   const int64_t n = gw - set.first[m], n_out = set.n_out[m];
   float *__restrict__ y = set.y[m];
   const uint8_t *wrow = set.w[m] + size_t(active ? n : 0) * set.row_bytes[m];
   const int64_t nb = K / 256;
+  if (active) dev::prefetch_lines(wrow, set.row_bytes[m], 32 * part + lane, 32 * P, set.prefetch);
+  dev::pdl_start();
+  if (P == 1 && !active) return;  // whole warps (P > 1: every warp reaches the barrier)
   float sum[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) sum[r] = 0.0f;
@@ -501,6 +503,137 @@ __global__ void __launch_bounds__(128)
   }
 }
 
+// ---- 32-element block types (Q4_0, Q5_0, Q8_0) on int8 tensor cores ----------------------------
+// matmul_mma_kernel's tile and fragments, 8 blocks of 32 elements staged at a time; every
+// block is its own f32 step: v = (d_w * d_x) * isum, sum += v, in block order, as
+// dot_q8_0_blocks (and matmul_q8_kernel) do. A block past K is skipped, not added.
+
+// Elements e0..e0+7 (e0 a multiple of 8) of a 32-element block as signed bytes.
+template <GgmlType T>
+__device__ __forceinline__ void unpack8_q32(const uint8_t *b, int e0, uint32_t q[2]) {
+  if constexpr (T == GgmlType::Q8_0) {
+    const uint2 v = ld8_a2(b + 2 + e0);
+    q[0] = v.x;
+    q[1] = v.y;
+  } else if constexpr (T == GgmlType::Q4_0) {
+    const uint2 v = ld8_a2(b + 2 + (e0 % 16));
+    const int sh = e0 < 16 ? 0 : 4;
+    q[0] = __vsub4((v.x >> sh) & 0x0F0F0F0Fu, 0x08080808u);
+    q[1] = __vsub4((v.y >> sh) & 0x0F0F0F0Fu, 0x08080808u);
+  } else {
+    static_assert(T == GgmlType::Q5_0, "Q4_0, Q5_0 or Q8_0");
+    const uint32_t qh = (uint32_t(*reinterpret_cast<const uint16_t *>(b + 2)) |
+                         (uint32_t(*reinterpret_cast<const uint16_t *>(b + 4)) << 16)) >> e0;
+    const uint2 v = ld8_a2(b + 6 + (e0 % 16));
+    const int sh = e0 < 16 ? 0 : 4;
+    uint32_t h0 = 0, h1 = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      h0 |= ((qh >> i) & 1u) << (8 * i + 4);
+      h1 |= ((qh >> (4 + i)) & 1u) << (8 * i + 4);
+    }
+    q[0] = __vsub4(((v.x >> sh) & 0x0F0F0F0Fu) | h0, 0x10101010u);
+    q[1] = __vsub4(((v.y >> sh) & 0x0F0F0F0Fu) | h1, 0x10101010u);
+  }
+}
+
+template <GgmlType T>
+__global__ void __launch_bounds__(128)
+    matmul_q32_mma_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
+                          const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y,
+                          int n_rows) {
+  using BI = dev::BlockInfo<T>;
+  __shared__ __align__(16) int8_t xs[kTile * kStride];
+  __shared__ __align__(16) int8_t ws[kTile * kStride];
+  __shared__ float wd[kTile][9], xdd[kTile][9];  // 9: the two halves of a warp hit other banks
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int wm = warp / 2, wn = warp % 2;
+  const int g = lane / 4, tq = lane % 4;
+  const int r0 = blockIdx.y * kTile;
+  const int64_t n0 = int64_t(blockIdx.x) * kTile;
+  const int64_t nb = K / 32;
+  dev::pdl_start();
+
+  float acc[2][4][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+  for (int64_t s0 = 0; s0 < nb; s0 += 8) {
+    const int nblk = nb - s0 < 8 ? int(nb - s0) : 8;
+    for (int u = tid; u < kTile * 16; u += 128) {
+      const int r = u / 16, c = u % 16;
+      int4 v = make_int4(0, 0, 0, 0);
+      if (r0 + r < n_rows && c < 2 * nblk) v = *reinterpret_cast<const int4 *>(xq + size_t(r0 + r) * K + s0 * 32 + 16 * c);
+      *reinterpret_cast<int4 *>(xs + r * kStride + 16 * c) = v;
+    }
+    for (int u = tid; u < kTile * 8; u += 128) {
+      const int r = u / 8, j = u % 8;
+      xdd[r][j] = (r0 + r < n_rows && j < nblk) ? xd[size_t(r0 + r) * nb + s0 + j] : 0.0f;
+      const int64_t n = n0 + r;
+      wd[r][j] = (n < n_out && j < nblk)
+                     ? dev::fp16_to_fp32(*reinterpret_cast<const uint16_t *>(w + size_t(n) * row_bytes + (s0 + j) * BI::kBytes))
+                     : 0.0f;
+    }
+    // Weights: 64 outputs x 8 blocks x 4 pieces of 8 elements.
+#pragma unroll 4
+    for (int u = tid; u < kTile * 32; u += 128) {
+      const int nn = u / 32, j = (u / 4) % 8, p = u % 4;
+      uint32_t q[2] = {0, 0};
+      if (n0 + nn < n_out && j < nblk) unpack8_q32<T>(w + size_t(n0 + nn) * row_bytes + (s0 + j) * BI::kBytes, 8 * p, q);
+      *reinterpret_cast<uint2 *>(ws + nn * kStride + 32 * j + 8 * p) = make_uint2(q[0], q[1]);
+    }
+    __syncthreads();
+    for (int j = 0; j < nblk; ++j) {
+      const int k0 = 32 * j;
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const int8_t *ar = xs + (wm * 32 + mt * 16 + g) * kStride + k0 + 4 * tq;
+        a[mt][0] = *reinterpret_cast<const uint32_t *>(ar);
+        a[mt][1] = *reinterpret_cast<const uint32_t *>(ar + 8 * kStride);
+        a[mt][2] = *reinterpret_cast<const uint32_t *>(ar + 16);
+        a[mt][3] = *reinterpret_cast<const uint32_t *>(ar + 8 * kStride + 16);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int8_t *br = ws + (wn * 32 + nt * 8 + g) * kStride + k0 + 4 * tq;
+        const uint32_t bf[2] = {*reinterpret_cast<const uint32_t *>(br), *reinterpret_cast<const uint32_t *>(br + 16)};
+        const int ca = wn * 32 + nt * 8 + 2 * tq;
+        const float d0 = wd[ca][j], d1 = wd[ca + 1][j];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+          int c[4];
+          mma_k32(a[mt], bf, c);
+          const int ra = wm * 32 + mt * 16 + g;
+          const float x0 = xdd[ra][j], x1 = xdd[ra + 8][j];
+          acc[mt][nt][0] = __fadd_rn(acc[mt][nt][0], __fmul_rn(__fmul_rn(d0, x0), float(c[0])));
+          acc[mt][nt][1] = __fadd_rn(acc[mt][nt][1], __fmul_rn(__fmul_rn(d1, x0), float(c[1])));
+          acc[mt][nt][2] = __fadd_rn(acc[mt][nt][2], __fmul_rn(__fmul_rn(d0, x1), float(c[2])));
+          acc[mt][nt][3] = __fadd_rn(acc[mt][nt][3], __fmul_rn(__fmul_rn(d1, x1), float(c[3])));
+        }
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = r0 + wm * 32 + mt * 16 + g + (e >= 2 ? 8 : 0);
+        const int64_t c = n0 + wn * 32 + nt * 8 + 2 * tq + (e & 1);
+        if (r < n_rows && c < n_out) y[size_t(r) * n_out + c] = acc[mt][nt][e];
+      }
+    }
+  }
+}
+
 // ---- few rows on int8 tensor cores ("skinny": up to 32 rows per launch) ---------------------
 // The weights are the MMA's A operand (16 outputs per warp) and the activations its B operand
 // (8 rows per tile), so a chunk of 9..32 rows costs a few MMAs more than one row instead of
@@ -745,7 +878,11 @@ template <GgmlType T, int NR>
 __global__ void __launch_bounds__(kSkWarps * 32)
     matmul_skinny_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
                          const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y,
-                         int n_rows) {
+                         int n_rows, int pf) {
+  {
+    const int64_t n0 = int64_t(blockIdx.x) * 16, rows = n_out - n0 < 16 ? n_out - n0 : 16;
+    dev::prefetch_lines(w + size_t(n0) * row_bytes, size_t(rows) * row_bytes, threadIdx.x, kSkWarps * 32, pf);
+  }
   dev::pdl_start();
   using L = KQ<T>;
   constexpr int kE = 4 * NR;  // f32 terms per lane: NR tiles x 4 accumulators
@@ -889,7 +1026,8 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
           const float *dr = xd + size_t(r) * (K / 256);
           float *yr = ys[m] + size_t(r) * ws[m].n_out;
           auto go = [&](auto kernel) {
-            launch(kernel, grid, kSkWarps * 32, s, ws[m].data, ws[m].row_bytes, K, ws[m].n_out, xr, dr, yr, nr);
+            launch(kernel, grid, kSkWarps * 32, s, ws[m].data, ws[m].row_bytes, K, ws[m].n_out, xr, dr, yr, nr,
+                   prefetch_mode());
           };
           if (nr <= 8) {
             go(matmul_skinny_kernel<T, 1>);
@@ -916,6 +1054,7 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
         const int nr = n_rows - r < 8 ? n_rows - r : 8;
         MvSet set{};
         set.n = nm;
+        set.prefetch = prefetch_mode();
         set.first[0] = 0;
         for (int i = 0; i < nm; ++i) {
           const DevMatrix &w = ws[m0 + i];
@@ -938,6 +1077,19 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
         }
       }
     }
+  });
+}
+
+bool q32_mma_type(quant::GgmlType t) {
+  return t == GgmlType::Q4_0 || t == GgmlType::Q5_0 || t == GgmlType::Q8_0;
+}
+
+void matmul_q32_mma(const DevMatrix &w, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s) {
+  const dim3 grid(unsigned((w.n_out + kTile - 1) / kTile), unsigned((n_rows + kTile - 1) / kTile));
+  using G = GgmlType;
+  dispatch_among<G, G::Q4_0, G::Q5_0, G::Q8_0>(w.type, [&](auto tag) {
+    constexpr GgmlType T = decltype(tag)::value;
+    launch(matmul_q32_mma_kernel<T>, grid, 128, s, w.data, w.row_bytes, w.n_in, w.n_out, xq, xd, y, n_rows);
   });
 }
 

@@ -14,11 +14,20 @@ bool kquant_fast_path(quant::GgmlType t);
 // GEIST_CUDA_MATVEC_ROWS (default 2) the dp4a matvec; up to GEIST_CUDA_SKINNY_ROWS (default
 // 64) the few-rows MMA kernel; above, the 64 x 64 tile kernel (int8 MMA needs sm_80).
 int kquant_matvec_max_rows();
+// The fewest rows for the int8 MMA kernels: 9 on sm_80 and later, 2^30 (never) before.
+int kquant_mma_min_rows();
 int kquant_skinny_max_rows();
 // y = W x with dot_unpacked's bits; enqueues on s (launch errors: cudaGetLastError).
 void matmul_kquant(const DevMatrix &w, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s);
 // The same for n_mat matrices of one K-quant type and one K sharing the activations.
 void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd, int n_rows,
                      CudaStream s);
+
+// Q4_0, Q5_0, Q8_0 (Q8_0-mode activations: xq [n_rows][K] int8, xd [n_rows][K / 32]) on
+// int8 tensor cores, 64 x 64 tiles: dot_q8_0_blocks's bits (the integer sum of each
+// 32-element block is exact, its f32 term is added in block order). Needs sm_80
+// (kquant_mma_min_rows() < 2^30).
+bool q32_mma_type(quant::GgmlType t);
+void matmul_q32_mma(const DevMatrix &w, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s);
 
 }  // namespace geist::cuda
