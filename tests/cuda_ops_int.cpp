@@ -738,7 +738,7 @@ struct AttnResult {
 // device attention and the CPU generic attention over the dequantized rings.
 // split: the fast path (scratch given); else the reference kernel.
 inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk = 0, bool split = true,
-                                bool any_head_dim = false) {
+                                bool any_head_dim = false, bool single_query = false) {
   ThreadPool pool(8);
   cu::CudaStream s = cuda_env().s;
   const int64_t row = int64_t(c.n_head_kv) * c.head_dim;
@@ -801,6 +801,7 @@ inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk 
     g.scale = scale;
     g.scratch = split ? scratch.as() : nullptr;
     g.any_head_dim = any_head_dim;
+    g.single_query = single_query;
     ok(cu::attention(g, s));
   }
   res.got = dout.get<float>(q.size());
@@ -905,6 +906,34 @@ CUDA_TEST(CudaOps, AttentionFixedHeadDimSameBits) {
         ASSERT_TRUE(bits_equal(fixed.got.data(), any.got.data(), any.got.size()));
       }
     }
+  }
+}
+
+// The many-queries-per-block kernel (prefill) against the one-query kernel (decode): the
+// same bits for every row, whatever the chunking of the rows into calls, across row groups
+// (more than 64 rows), windows starting inside a chunk, ring wrap, GQA groups 1..8, every
+// head dim it is compiled for and every KV type.
+CUDA_TEST(CudaOps, AttentionMultiQuerySameBits) {
+  REQUIRE_CUDA();
+  std::vector<AttnCase> cases;
+  for (KvType t : kKvTypes) {
+    cases.push_back(AttnCase{130, 8, 2, 256, 0, 0, 130, t, t});        // causal from 0, 3 row groups
+    cases.push_back(AttnCase{77, 4, 1, 256, 512, 600, 512 + 77, t, t});  // sliding window, ring wraps
+  }
+  cases.push_back(AttnCase{40, 8, 2, 512, 0, 100, 140, KvType::F32, KvType::F32});
+  cases.push_back(AttnCase{20, 8, 1, 128, 0, 33, 53, KvType::F16, KvType::F16});
+  cases.push_back(AttnCase{17, 2, 2, 64, 16, 5, 40, KvType::F32, KvType::F32});       // window inside chunks
+  cases.push_back(AttnCase{33, 4, 2, 64, 100, 1000, 100 + 33, KvType::BF16, KvType::BF16});
+  cases.push_back(AttnCase{5, 16, 1, 256, 0, 70, 75, KvType::F32, KvType::F32});     // group 16: one row per tile
+  cases.push_back(AttnCase{9, 8, 2, 256, 0, 0, 9, KvType::F16, KvType::Q8_0});       // mixed K and V types
+  for (const AttnCase &c : cases) {
+    SCOPED_TRACE(describe(c));
+    std::mt19937 rng_a(7), rng_b(7), rng_c(7);
+    const AttnResult one = run_attention(c, rng_a, 0, true, false, true);
+    const AttnResult many = run_attention(c, rng_b, 0, true, false, false);
+    ASSERT_TRUE(bits_equal(many.got.data(), one.got.data(), one.got.size()));
+    const AttnResult chunked = run_attention(c, rng_c, 6, true, false, false);  // calls of 6 rows (the last fewer)
+    ASSERT_TRUE(bits_equal(chunked.got.data(), one.got.data(), one.got.size()));
   }
 }
 
@@ -1015,13 +1044,15 @@ CUDA_TEST(CudaOps, DISABLED_PerfAttention) {
         g.n_head_kv = c.n_head_kv;
         g.head_dim = c.head_dim;
         g.scale = 0.0625f;
-        double ms[2];
-        for (int split = 0; split < 2; ++split) {
+        double ms[3];
+        for (int split = 0; split < 3; ++split) {
           g.scratch = split ? scratch.as() : nullptr;
+          g.single_query = split == 2;
           ms[split] = time_ms([&] { (void)cu::attention(g, s); }, split ? 20 : 3);
         }
-        std::printf("PERF attention %-4s rows %3d at %4lld cached, 8/2 heads, hd 256: split %8.3f ms, reference %8.3f ms\n",
-                    kv_type_name(t), rows, (long long)cached, ms[1], ms[0]);
+        std::printf("PERF attention %-4s rows %3d at %4lld cached, 8/2 heads, hd 256: split %8.3f ms (one query per "
+                    "block %8.3f ms), reference %8.3f ms\n",
+                    kv_type_name(t), rows, (long long)cached, ms[1], ms[2], ms[0]);
       }
     }
   }

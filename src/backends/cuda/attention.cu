@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <type_traits>
 #include <cmath>
 
@@ -438,6 +439,202 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnParams a0
   }
 }
 
+// ---- split attention, many queries per block (prefill) -------------------------------------------
+// attention_split_kernel's arithmetic for kMqHeads query heads at once: the `group` heads of
+// one KV head for 16 / group consecutive rows of one sequence. A block (split, KV head, row
+// tile) stages each chunk's K rows, then its V rows, in shared memory as floats (kv_elem's
+// values) once for all its query heads, instead of once per (query, head). Every query head
+// keeps the single-query kernel's operations in the same order:
+// - its score of key j: 16 chains (lane l: q[l + 16 i] k[l + 16 i], i in order), the tree
+//   by shuffles down 8, 4, 2, 1 within a half-warp, times the scale;
+// - per chunk it visits: the max, alpha, e_j = exp(s_j - m) at index j - ka, their sum as
+//   two 32-lane xor trees (indices 0..31, then 32..63) added in that order (the single-query
+//   kernel's warps 2 and 3 add zeros, which change nothing), l = l alpha + sum;
+// - o = o alpha, then o += e_j v_j for the chunk's keys in order.
+// A chunk outside a query's range is skipped, as the single-query kernel never visits it.
+// So a row's partials, and after the merge its output, are bit for bit those of the
+// single-query kernel (CudaOps.AttentionMultiQuerySameBits).
+
+constexpr int kMqHeads = 16;   // query heads per block
+constexpr int kMqMinRows = 4;  // fewer rows keep the single-query kernel (decode)
+constexpr int kMqThreads = 256;  // a half-warp per query head in the score pass
+
+template <int HD>
+constexpr int mq_keys() {  // keys staged at once: 64 KB of floats
+  return HD <= 256 ? 64 : 16384 / HD;
+}
+template <int HD>
+constexpr size_t mq_smem_bytes() {
+  return sizeof(float) * (size_t(kMqHeads) * HD + size_t(mq_keys<HD>()) * HD + size_t(kMqHeads) * kChunk + 4 * kMqHeads);
+}
+
+template <KvType KT, KvType VT, int HD>
+__global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0, int row0, int n_rows,
+                                                                  float *__restrict__ part) {
+  dev::pdl_start();
+  constexpr int kKs = mq_keys<HD>(), kPer = HD / 16;
+  extern __shared__ float mq_smem[];
+  float *qs = mq_smem;                          // [kMqHeads][HD]
+  float *kvs = qs + kMqHeads * HD;              // [kKs][HD]
+  float *sc = kvs + kKs * HD;                   // [kMqHeads][kChunk]: scores, then e_j
+  float *ms = sc + kMqHeads * kChunk;           // running max per query head
+  float *ls = ms + kMqHeads;                    // running sum
+  float *al = ls + kMqHeads;                    // this chunk's alpha
+  int *act = reinterpret_cast<int *>(al + kMqHeads);  // 1: the query head visits this chunk
+  const AttnCore a = a0.c;
+  const int s = blockIdx.x, g = blockIdx.y, group = a.group, rows_per = kMqHeads / group;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, hw = tid / 16, l = tid % 16;
+  const int rt0 = int(blockIdx.z) * rows_per;  // first row of the tile, relative to row0
+  const int64_t e0 = int64_t(g) * HD;
+  const int64_t p_first = *a.pos0 + (row0 + rt0 - a.row_base);
+  // Query head qh: row rt0 + qh / group, head g * group + qh % group.
+  auto qh_row = [&](int qh) { return rt0 + qh / group; };
+  auto qh_live = [&](int qh) { return qh_row(qh) < n_rows; };
+  auto qh_pos = [&](int qh) { return p_first + qh / group; };
+  auto qh_j0 = [&](int qh) {
+    const int64_t p = qh_pos(qh);
+    return a.window > 0 ? (p - a.window + 1 > 0 ? p - a.window + 1 : int64_t(0)) : int64_t(0);
+  };
+  for (int i = tid; i < kMqHeads * HD; i += kMqThreads) {
+    const int qh = i / HD, d = i % HD;
+    qs[i] = qh_live(qh) ? a.q[(size_t(row0 + qh_row(qh)) * a.n_head + g * group + qh % group) * HD + d] : 0.0f;
+  }
+  if (tid < kMqHeads) {
+    ms[tid] = -INFINITY;
+    ls[tid] = 0.0f;
+  }
+  // The rows of the tile that exist: chunks from the first one's lowest to the last one's highest.
+  int last = kMqHeads - 1;
+  while (last > 0 && !qh_live(last)) --last;
+  const int64_t c_lo = qh_j0(0) / kChunk, c_hi = qh_pos(last) / kChunk;
+  float o[kPer];  // thread (qh = tid / 16, l): dims l + 16 i of its query head
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) o[i] = 0.0f;
+  __syncthreads();
+  float qr[kPer];  // the score pass: half-warp hw is query head hw
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) qr[i] = qs[hw * HD + l + 16 * i];
+  const int oq = tid / 16;  // the output pass's query head (the same as hw)
+  int64_t c = c_lo + ((s - c_lo % kSplits) % kSplits + kSplits) % kSplits;
+  for (; c <= c_hi; c += kSplits) {
+    // This query head's keys in the chunk: [ka, kb], or none.
+    const int64_t p = qh_pos(hw), j0 = qh_j0(hw);
+    const bool on = qh_live(hw) && c >= j0 / kChunk && c <= p / kChunk;
+    const int64_t ka = c * kChunk > j0 ? c * kChunk : j0;
+    const int64_t kb = c * kChunk + kChunk - 1 < p ? c * kChunk + kChunk - 1 : p;
+    const int len = on ? int(kb - ka + 1) : 0;
+    if (l == 0) act[hw] = on ? 1 : 0;
+    // Keys the block stages: the chunk's positions from the lowest ka to the highest kb.
+    const int64_t sa = c * kChunk > qh_j0(0) ? c * kChunk : qh_j0(0);
+    const int64_t sb = c * kChunk + kChunk - 1 < qh_pos(last) ? c * kChunk + kChunk - 1 : qh_pos(last);
+    for (int64_t t0 = sa; t0 <= sb; t0 += kKs) {
+      const int nt = sb - t0 + 1 < kKs ? int(sb - t0 + 1) : kKs;
+      __syncthreads();  // the buffer is free
+      const int64_t s0 = t0 % a.capacity;
+      for (int i = tid; i < nt * HD; i += kMqThreads) {
+        const int kk = i / HD, d = i % HD;
+        const uint8_t *row = a.k + size_t(slot_after(s0, kk, a.capacity)) * a.k_row_bytes;
+        kvs[i] = kv_elem<KT>(row, e0 + d);
+      }
+      __syncthreads();
+      if (len > 0) {
+        const int64_t u0 = t0 > ka ? t0 : ka, u1 = t0 + nt - 1 < kb ? t0 + nt - 1 : kb;
+        for (int64_t j = u0; j <= u1; ++j) {
+          const float *kr = kvs + (j - t0) * HD;
+          float acc = 0.0f;
+#pragma unroll
+          for (int i = 0; i < kPer; ++i) acc = __fadd_rn(acc, __fmul_rn(qr[i], kr[l + 16 * i]));
+#pragma unroll
+          for (int off = 8; off >= 1; off /= 2) acc = __fadd_rn(acc, __shfl_down_sync(0xFFFFu << (16 * (hw % 2)), acc, off, 16));
+          if (l == 0) sc[hw * kChunk + (j - ka)] = __fmul_rn(acc, a.scale);
+        }
+      }
+    }
+    __syncthreads();
+    // Softmax of the chunk, a warp per query head.
+    for (int qh = warp; qh < kMqHeads; qh += kMqThreads / 32) {
+      if (!act[qh]) continue;
+      const int64_t pq = qh_pos(qh), jq = qh_j0(qh);
+      const int64_t kaq = c * kChunk > jq ? c * kChunk : jq;
+      const int64_t kbq = c * kChunk + kChunk - 1 < pq ? c * kChunk + kChunk - 1 : pq;
+      const int lq = int(kbq - kaq + 1);
+      float* scq = sc + qh * kChunk;
+      float mc = -INFINITY;  // NaN scores are ignored, as fmaxf from -inf does in the single-query kernel
+      if (lane < lq) mc = fmaxf(mc, scq[lane]);
+      if (lane + 32 < lq) mc = fmaxf(mc, scq[lane + 32]);
+      for (int off = 16; off >= 1; off /= 2) mc = fmaxf(mc, __shfl_xor_sync(kFull, mc, off));
+      const float m = ms[qh];
+      const float mn = fmaxf(m, mc);
+      const float alpha = m == -INFINITY ? 0.0f : exp_f(__fsub_rn(m, mn));
+      float e_lo = 0.0f, e_hi = 0.0f;
+      if (lane < lq) e_lo = mn == -INFINITY ? 0.0f : exp_f(__fsub_rn(scq[lane], mn));
+      if (lane + 32 < lq) e_hi = mn == -INFINITY ? 0.0f : exp_f(__fsub_rn(scq[lane + 32], mn));
+      __syncwarp();
+      if (lane < lq) scq[lane] = e_lo;
+      if (lane + 32 < lq) scq[lane + 32] = e_hi;
+      float t_lo = e_lo, t_hi = e_hi;
+      for (int off = 16; off >= 1; off /= 2) {
+        t_lo = __fadd_rn(t_lo, __shfl_xor_sync(kFull, t_lo, off));
+        t_hi = __fadd_rn(t_hi, __shfl_xor_sync(kFull, t_hi, off));
+      }
+      if (lane == 0) {
+        float sum = t_lo;
+        sum = __fadd_rn(sum, t_hi);
+        sum = __fadd_rn(sum, 0.0f);  // the single-query kernel's warps 2 and 3 (no keys)
+        sum = __fadd_rn(sum, 0.0f);
+        ls[qh] = __fadd_rn(__fmul_rn(ls[qh], alpha), sum);
+        ms[qh] = mn;
+        al[qh] = alpha;
+      }
+    }
+    __syncthreads();
+    // o = o alpha + sum_j e_j v_j, keys in order, V staged like K.
+    const bool oon = act[oq] != 0;
+    int64_t kaq = 0, kbq = -1;
+    if (oon) {
+      const int64_t pq = qh_pos(oq), jq = qh_j0(oq);
+      kaq = c * kChunk > jq ? c * kChunk : jq;
+      kbq = c * kChunk + kChunk - 1 < pq ? c * kChunk + kChunk - 1 : pq;
+      const float alpha = al[oq];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) o[i] = __fmul_rn(o[i], alpha);
+    }
+    for (int64_t t0 = sa; t0 <= sb; t0 += kKs) {
+      const int nt = sb - t0 + 1 < kKs ? int(sb - t0 + 1) : kKs;
+      __syncthreads();
+      const int64_t s0 = t0 % a.capacity;
+      for (int i = tid; i < nt * HD; i += kMqThreads) {
+        const int kk = i / HD, d = i % HD;
+        const uint8_t *row = a.v + size_t(slot_after(s0, kk, a.capacity)) * a.v_row_bytes;
+        kvs[i] = kv_elem<VT>(row, e0 + d);
+      }
+      __syncthreads();
+      if (oon) {
+        const int64_t u0 = t0 > kaq ? t0 : kaq, u1 = t0 + nt - 1 < kbq ? t0 + nt - 1 : kbq;
+        const float *scq = sc + oq * kChunk;
+        for (int64_t j = u0; j <= u1; ++j) {
+          const float w = scq[j - kaq];
+          const float *vr = kvs + (j - t0) * HD;
+#pragma unroll
+          for (int i = 0; i < kPer; ++i) o[i] = __fadd_rn(o[i], __fmul_rn(w, vr[l + 16 * i]));
+        }
+      }
+    }
+    __syncthreads();  // sc, act and al are reused by the next chunk
+  }
+  // Partials, as the single-query kernel writes them.
+  if (qh_live(oq)) {
+    const int rr = rt0 + oq / group, h = g * group + oq % group;
+    float *pp = part + ((size_t(rr) * a.n_head + h) * kSplits + s) * size_t(HD + 2);
+    if (l == 0) {
+      pp[0] = ms[oq];
+      pp[1] = ls[oq];
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) pp[2 + l + 16 * i] = o[i];
+  }
+}
+
 // out = (sum_s f_s o_s) * (1 / sum_s f_s l_s), f_s = exp(m_s - M), splits in order.
 __global__ void __launch_bounds__(kThreads) attention_merge_kernel(AttnCore a, int row0, const float *__restrict__ part) {
   dev::pdl_start();
@@ -596,6 +793,21 @@ Status check_attn(const AttnArgs &a) {
   return Status::ok();
 }
 
+// The many-queries kernel's shared memory is above the default 48 KB: allowed once per
+// instantiation and device (a failure shows as the launch's error).
+template <KvType KT, KvType VT, int HD>
+void mq_allow_smem() {
+  static std::atomic<uint64_t> done{0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return;
+  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
+  if (bit != 0 && (done.load(std::memory_order_relaxed) & bit) != 0) return;
+  if (cudaFuncSetAttribute(attention_mq_kernel<KT, VT, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(mq_smem_bytes<HD>())) == cudaSuccess) {
+    done.fetch_or(bit, std::memory_order_relaxed);
+  }
+}
+
 Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {
   if (a.scratch == nullptr || reference_kernels()) {
     const dim3 grid(unsigned(a.n_head), unsigned(a.n_rows));
@@ -608,9 +820,28 @@ Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {
     return launch_status("cuda::attention");
   }
   auto *part = static_cast<float *>(a.scratch);
+  const int group = a.n_head / a.n_head_kv;
+  const bool mq = !a.single_query && !a.any_head_dim && p.seqs.n == 0 && a.n_rows >= kMqMinRows &&
+                  kMqHeads % group == 0 && (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256 || a.head_dim == 512);
   for (int row0 = 0; row0 < a.n_rows; row0 += kRowGroup) {
     const int nr = a.n_rows - row0 < kRowGroup ? a.n_rows - row0 : kRowGroup;
     const dim3 grid(unsigned(kSplits), unsigned(a.n_head), unsigned(nr));
+    if (mq) {
+      const int rows_per = kMqHeads / group;
+      const dim3 gq(unsigned(kSplits), unsigned(a.n_head_kv), unsigned((nr + rows_per - 1) / rows_per));
+      dispatch_kv(a.k_type, [&](auto tag_k) {
+        dispatch_kv(a.v_type, [&](auto tag_v) {
+          constexpr KvType KT = decltype(tag_k)::value, VT = decltype(tag_v)::value;
+          dispatch_among<int, 64, 128, 256, 512>(a.head_dim, [&](auto tag_hd) {
+            constexpr int HD = decltype(tag_hd)::value;
+            mq_allow_smem<KT, VT, HD>();
+            launch_smem(attention_mq_kernel<KT, VT, HD>, gq, kMqThreads, mq_smem_bytes<HD>(), s, p, row0, nr, part);
+          });
+        });
+      });
+      launch(attention_merge_kernel, dim3(unsigned(a.n_head), unsigned(nr)), kThreads, s, p.c, row0, part);
+      continue;
+    }
     dispatch_kv(a.k_type, [&](auto tag_k) {
       dispatch_kv(a.v_type, [&](auto tag_v) {
         constexpr KvType KT = decltype(tag_k)::value, VT = decltype(tag_v)::value;

@@ -45,18 +45,23 @@ bool pdl_enabled();
 int prefetch_mode();
 
 template <class... P, class... A>
-void launch(void (*kernel)(P...), dim3 grid, dim3 block, CudaStream s, A &&...args) {
+void launch_smem(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, CudaStream s, A &&...args) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
   (void)cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);  // the error is read by launch_status
+}
+
+template <class... P, class... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, CudaStream s, A &&...args) {
+  launch_smem(kernel, grid, block, 0, s, std::forward<A>(args)...);
 }
 
 namespace dev {

@@ -212,6 +212,9 @@ struct AttnArgs {
   // The split kernel is compiled for head dims 64/128/256/512 (K and V of one type) and for
   // any head dim; both give the same bits. true: the any-head-dim one (the tests compare).
   bool any_head_dim = false;
+  // From 4 rows of one sequence, a kernel stages each chunk of keys once for 16 query heads;
+  // it gives the one-query-per-block kernel's bits. true: that kernel (the tests compare).
+  bool single_query = false;
 };
 // Device scratch the split kernel needs (any n_rows: queries go 64 at a time).
 size_t attention_scratch_bytes(int n_head, int head_dim);
