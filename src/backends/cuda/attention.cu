@@ -468,6 +468,34 @@ constexpr size_t mq_smem_bytes() {
   return sizeof(float) * (size_t(kMqHeads) * HD + size_t(mq_keys<HD>()) * HD + size_t(kMqHeads) * kChunk + 4 * kMqHeads);
 }
 
+// Rows s0, s0 + 1, ... (ring slots) x elements [e0, e0 + HD) of a ring into dst[nt][HD] as
+// floats (kv_elem's values), 4 elements per load where the type allows.
+template <KvType T, int HD>
+__device__ __forceinline__ void mq_stage(const uint8_t *ring, size_t row_bytes, int64_t s0, int64_t capacity, int nt,
+                                         int64_t e0, float *dst) {
+  constexpr int kQ = HD / 4;  // groups of 4 elements per row
+  for (int i = threadIdx.x; i < nt * kQ; i += kMqThreads) {
+    const int kk = i / kQ, d = 4 * (i % kQ);
+    const uint8_t *row = ring + size_t(slot_after(s0, kk, capacity)) * row_bytes;
+    float4 v;
+    if constexpr (T == KvType::F32) {
+      v = *reinterpret_cast<const float4 *>(row + 4 * (e0 + d));
+    } else if constexpr (T == KvType::F16 || T == KvType::BF16) {
+      const uint2 h = *reinterpret_cast<const uint2 *>(row + 2 * (e0 + d));
+      if constexpr (T == KvType::F16) {
+        v = make_float4(kv_f16(h.x & 0xFFFFu), kv_f16(h.x >> 16), kv_f16(h.y & 0xFFFFu), kv_f16(h.y >> 16));
+      } else {
+        v = make_float4(dev::bf16_to_fp32(h.x & 0xFFFFu), dev::bf16_to_fp32(h.x >> 16), dev::bf16_to_fp32(h.y & 0xFFFFu),
+                        dev::bf16_to_fp32(h.y >> 16));
+      }
+    } else {
+      v = make_float4(kv_elem<T>(row, e0 + d), kv_elem<T>(row, e0 + d + 1), kv_elem<T>(row, e0 + d + 2),
+                      kv_elem<T>(row, e0 + d + 3));
+    }
+    *reinterpret_cast<float4 *>(dst + kk * HD + d) = v;
+  }
+}
+
 template <KvType KT, KvType VT, int HD>
 __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0, int row0, int n_rows,
                                                                   float *__restrict__ part) {
@@ -530,23 +558,35 @@ __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0,
     for (int64_t t0 = sa; t0 <= sb; t0 += kKs) {
       const int nt = sb - t0 + 1 < kKs ? int(sb - t0 + 1) : kKs;
       __syncthreads();  // the buffer is free
-      const int64_t s0 = t0 % a.capacity;
-      for (int i = tid; i < nt * HD; i += kMqThreads) {
-        const int kk = i / HD, d = i % HD;
-        const uint8_t *row = a.k + size_t(slot_after(s0, kk, a.capacity)) * a.k_row_bytes;
-        kvs[i] = kv_elem<KT>(row, e0 + d);
-      }
+      mq_stage<KT, HD>(a.k, a.k_row_bytes, t0 % a.capacity, a.capacity, nt, e0, kvs);
       __syncthreads();
       if (len > 0) {
+        // kKu keys at a time: independent chains in flight, each key's operations unchanged.
+        constexpr int kKu = HD <= 256 ? 4 : 2;
+        const unsigned mask = 0xFFFFu << (16 * (hw % 2));
         const int64_t u0 = t0 > ka ? t0 : ka, u1 = t0 + nt - 1 < kb ? t0 + nt - 1 : kb;
-        for (int64_t j = u0; j <= u1; ++j) {
-          const float *kr = kvs + (j - t0) * HD;
-          float acc = 0.0f;
+        for (int64_t j = u0; j <= u1; j += kKu) {
+          float acc[kKu];
 #pragma unroll
-          for (int i = 0; i < kPer; ++i) acc = __fadd_rn(acc, __fmul_rn(qr[i], kr[l + 16 * i]));
+          for (int u = 0; u < kKu; ++u) acc[u] = 0.0f;
 #pragma unroll
-          for (int off = 8; off >= 1; off /= 2) acc = __fadd_rn(acc, __shfl_down_sync(0xFFFFu << (16 * (hw % 2)), acc, off, 16));
-          if (l == 0) sc[hw * kChunk + (j - ka)] = __fmul_rn(acc, a.scale);
+          for (int i = 0; i < kPer; ++i) {
+#pragma unroll
+            for (int u = 0; u < kKu; ++u) {
+              if (j + u <= u1) acc[u] = __fadd_rn(acc[u], __fmul_rn(qr[i], kvs[(j + u - t0) * HD + l + 16 * i]));
+            }
+          }
+#pragma unroll
+          for (int off = 8; off >= 1; off /= 2) {
+#pragma unroll
+            for (int u = 0; u < kKu; ++u) acc[u] = __fadd_rn(acc[u], __shfl_down_sync(mask, acc[u], off, 16));
+          }
+          if (l == 0) {
+#pragma unroll
+            for (int u = 0; u < kKu; ++u) {
+              if (j + u <= u1) sc[hw * kChunk + (j + u - ka)] = __fmul_rn(acc[u], a.scale);
+            }
+          }
         }
       }
     }
@@ -602,12 +642,7 @@ __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0,
     for (int64_t t0 = sa; t0 <= sb; t0 += kKs) {
       const int nt = sb - t0 + 1 < kKs ? int(sb - t0 + 1) : kKs;
       __syncthreads();
-      const int64_t s0 = t0 % a.capacity;
-      for (int i = tid; i < nt * HD; i += kMqThreads) {
-        const int kk = i / HD, d = i % HD;
-        const uint8_t *row = a.v + size_t(slot_after(s0, kk, a.capacity)) * a.v_row_bytes;
-        kvs[i] = kv_elem<VT>(row, e0 + d);
-      }
+      mq_stage<VT, HD>(a.v, a.v_row_bytes, t0 % a.capacity, a.capacity, nt, e0, kvs);
       __syncthreads();
       if (oon) {
         const int64_t u0 = t0 > kaq ? t0 : kaq, u1 = t0 + nt - 1 < kbq ? t0 + nt - 1 : kbq;
