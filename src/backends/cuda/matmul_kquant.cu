@@ -322,7 +322,12 @@ __device__ __forceinline__ void mma_k16(const uint32_t a[2], uint32_t b, int c[4
 template <GgmlType T>
 __global__ void __launch_bounds__(128)
     matmul_mma_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
-                      const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y, int n_rows) {
+                      const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y, int n_rows,
+                      int pf) {
+  {
+    const int64_t n0 = int64_t(blockIdx.x) * kTile, rows = n_out - n0 < kTile ? n_out - n0 : kTile;
+    dev::prefetch_lines(w + size_t(n0) * row_bytes, size_t(rows) * row_bytes, threadIdx.x, 128, pf);
+  }
   dev::pdl_start();
   using L = KQ<T>;
   constexpr int kNSub = 256 / L::kSub;
@@ -541,8 +546,12 @@ template <GgmlType T>
 __global__ void __launch_bounds__(128)
     matmul_q32_mma_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
                           const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y,
-                          int n_rows) {
+                          int n_rows, int pf) {
   using BI = dev::BlockInfo<T>;
+  {
+    const int64_t n0 = int64_t(blockIdx.x) * kTile, rows = n_out - n0 < kTile ? n_out - n0 : kTile;
+    dev::prefetch_lines(w + size_t(n0) * row_bytes, size_t(rows) * row_bytes, threadIdx.x, 128, pf);
+  }
   __shared__ __align__(16) int8_t xs[kTile * kStride];
   __shared__ __align__(16) int8_t ws[kTile * kStride];
   __shared__ float wd[kTile][9], xdd[kTile][9];  // 9: the two halves of a warp hit other banks
@@ -991,6 +1000,18 @@ int kquant_mma_min_rows() {
 }
 
 namespace {
+// Multiprocessors of the current device (read once; 1 if unknown).
+int sm_count() {
+  static const int v = [] {
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      return 1;
+    }
+    return n > 0 ? n : 1;
+  }();
+  return v;
+}
+
 int env_rows(const char *name, int dflt) {
   const char *e = std::getenv(name);
   if (e == nullptr || *e == '\0') return dflt;
@@ -1017,7 +1038,18 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
     constexpr GgmlType T = decltype(tag)::value;
     const int64_t K = ws[0].n_in;
     const bool mma = kquant_mma_min_rows() < (1 << 30);
-    if (mma && n_rows > kquant_matvec_max_rows() && n_rows <= kquant_skinny_max_rows()) {
+    // The few-rows kernel also takes up to twice its row count for a matrix whose 64 x 64
+    // tiles would not give every SM one (the down projection, 2560 outputs: 80 tiles at 65-128
+    // rows, each a serial walk over K); the bits are the same either way.
+    auto skinny = [&](const DevMatrix &wm) {
+      if (n_rows <= kquant_matvec_max_rows()) return false;
+      if (n_rows <= kquant_skinny_max_rows()) return true;
+      const int64_t tiles = (wm.n_out + kTile - 1) / kTile * ((n_rows + kTile - 1) / kTile);
+      return n_rows <= 2 * kquant_skinny_max_rows() && n_rows <= 128 && tiles < sm_count();
+    };
+    bool all_skinny = mma;
+    for (int m = 0; all_skinny && m < n_mat; ++m) all_skinny = skinny(ws[m]);
+    if (all_skinny) {
       for (int m = 0; m < n_mat; ++m) {
         const dim3 grid(unsigned((ws[m].n_out + 15) / 16));
         for (int r = 0; r < n_rows; r += 32) {
@@ -1042,8 +1074,13 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
     }
     if (n_rows >= kquant_mma_min_rows() && n_rows > kquant_matvec_max_rows()) {
       for (int m = 0; m < n_mat; ++m) {
+        if (skinny(ws[m])) {
+          matmul_kquant_n(ws + m, ys + m, 1, xq, xd, n_rows, s);  // the few-rows kernel for this one
+          continue;
+        }
         const dim3 grid(unsigned((ws[m].n_out + kTile - 1) / kTile), unsigned((n_rows + kTile - 1) / kTile));
-        launch(matmul_mma_kernel<T>, grid, 128, s, ws[m].data, ws[m].row_bytes, K, ws[m].n_out, xq, xd, ys[m], n_rows);
+        launch(matmul_mma_kernel<T>, grid, 128, s, ws[m].data, ws[m].row_bytes, K, ws[m].n_out, xq, xd, ys[m], n_rows,
+               prefetch_mode());
       }
       return;
     }
@@ -1089,7 +1126,8 @@ void matmul_q32_mma(const DevMatrix &w, const int8_t *xq, const float *xd, float
   using G = GgmlType;
   dispatch_among<G, G::Q4_0, G::Q5_0, G::Q8_0>(w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
-    launch(matmul_q32_mma_kernel<T>, grid, 128, s, w.data, w.row_bytes, w.n_in, w.n_out, xq, xd, y, n_rows);
+    launch(matmul_q32_mma_kernel<T>, grid, 128, s, w.data, w.row_bytes, w.n_in, w.n_out, xq, xd, y, n_rows,
+           prefetch_mode());
   });
 }
 
