@@ -46,8 +46,12 @@ flock "$lock" bash -c 'run "$@"' _ geist_both both "$geist" serve -m "$model" -t
 flock "$lock" bash -c 'run "$@"' _ geist_on on "$geist" serve -m "$model" -t "$threads" -c 4096 --parallel 1 -q
 if [ -n "${LLAMA_SERVER:-}" ]; then
   "$LLAMA_SERVER" --version 2>&1 | head -2
-  flock "$lock" bash -c 'run "$@"' _ llama_default on "$LLAMA_SERVER" -m "$model" -t "$threads"
-  flock "$lock" bash -c 'run "$@"' _ llama_swa_full on "$LLAMA_SERVER" -m "$model" -t "$threads" --swa-full
+  # The GGUF carries no chat template, so llama-server would fall back to ChatML; its
+  # built-in Gemma template (legacy, hence --no-jinja) gives the prompts geist builds, token
+  # for token. Nothing else is changed from its defaults.
+  tmpl=(--no-jinja --chat-template gemma)
+  flock "$lock" bash -c 'run "$@"' _ llama_default on "$LLAMA_SERVER" -m "$model" -t "$threads" "${tmpl[@]}"
+  flock "$lock" bash -c 'run "$@"' _ llama_swa_full on "$LLAMA_SERVER" -m "$model" -t "$threads" "${tmpl[@]}" --swa-full
 else
   echo "serve_vs_llama: SKIP llama-server runs (set LLAMA_SERVER to its binary)"
 fi
