@@ -32,6 +32,7 @@ def browser():
         from selenium.webdriver.chrome.service import Service
     except ImportError:
         pytest.skip("SKIP: no selenium module (scripts/test.sh installs it into build/pydeps)")
+    os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager download a browser or driver
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start.
