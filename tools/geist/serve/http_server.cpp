@@ -520,8 +520,8 @@ void Server::handle_generate(Endpoint ep, const httplib::Request &req, httplib::
   }
   if (client_gone && out.finish_reason == "cancelled") {
     // Nobody reads this; the status is what the log and /metrics show (nginx's 499).
-    return send_error(res, server_error(499, "client_closed_request",
-                                        "the client closed the connection"));
+    return send_error(
+        res, server_error(499, "client_closed_request", "the client closed the connection"));
   }
   if (out.error) return send_error(res, *out.error);
   if (out.finish_reason == "cancelled") {
