@@ -4,7 +4,7 @@
 # Usage: fuzz/run.sh TARGET [seconds]   fuzz for that long (default 600)
 #        fuzz/run.sh TARGET replay      run the saved inputs of fuzz/regressions/TARGET once
 # TARGET: tokenizer_spm_fuzz, tokenizer_gemma4_fuzz, session_load_fuzz, gguf_fuzz,
-#         snapshot_fuzz
+#         snapshot_fuzz, serve_request_fuzz
 # Environment:
 #   GEIST_FUZZ_BUILD   build tree (default build/fuzz, the preset's)
 #   GEIST_FUZZ_JOBS    build parallelism (default 1)
@@ -16,7 +16,7 @@
 #   GEIST_FUZZ_WORKERS fuzzing processes (default 1; logs fuzz-0.log, fuzz-1.log, ...)
 # Seeds: tokenizers fuzz/corpus/tokenizer; session_load_fuzz and snapshot_fuzz write valid
 # session files of several shapes with the engine at every run; gguf_fuzz
-# tests/data/tiny.gguf. Dictionaries: fuzz/*.dict.
+# tests/data/tiny.gguf; serve_request_fuzz fuzz/corpus/serve. Dictionaries: fuzz/*.dict.
 # Output: $GEIST_FUZZ_RUN/{corpus,artifacts,fuzz-0.log}; crashes land in artifacts/.
 # Prints the final execution count, exec/s, coverage and any findings.
 set -euo pipefail
@@ -35,6 +35,8 @@ case "$target" in
     [ "$target" = session_load_fuzz ] && dict="$root/fuzz/snapshot.dict" ;;
   gguf_fuzz)
     dict="$root/fuzz/gguf.dict" max_len=8192 timeout=10 rss=2048 ;;
+  serve_request_fuzz)
+    dict="$root/fuzz/serve.dict" max_len=4096 timeout=10 rss=2048 ;;
   *) echo "fuzz/run.sh: unknown target '$target'" >&2; exit 2 ;;
 esac
 
@@ -54,6 +56,7 @@ run="${GEIST_FUZZ_RUN:-$build/${target}_run}"
 mkdir -p "$run/corpus" "$run/artifacts"
 case "$target" in
   tokenizer_*) cp -f "$root"/fuzz/corpus/tokenizer/* "$run/corpus/" ;;
+  serve_request_fuzz) cp -f "$root"/fuzz/corpus/serve/* "$run/corpus/" ;;
   session_load_fuzz | snapshot_fuzz) GEIST_FUZZ_WRITE_SEEDS="$run/corpus" "$bin" ;;
   gguf_fuzz)
     cp -f tests/data/tiny.gguf "$run/corpus/seed_tiny.gguf"

@@ -2,12 +2,14 @@
 # Installs what geist needs to build and test, from the distribution's packages, only
 # when missing. The names are the same on Debian 12 and Ubuntu 24.04. The optional
 # packages (clang and libc++ for test.sh's libc++ compile check; clang's runtime for the
-# fuzz preset; cpp-httplib for `geist serve`, which a build without it refuses to run) are
-# skipped with a note where the distribution has no candidate.
+# fuzz preset; cpp-httplib for `geist serve`, which a build without it refuses to run;
+# Chromium and its WebDriver for the chat page's browser test) are skipped with a note
+# where the distribution has no candidate (Ubuntu's chromium is a snap stub: the test then
+# says SKIP).
 set -euo pipefail
 pkgs=(cmake g++ make git pkg-config python3 python3-pip libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev
       libxxhash-dev libssl-dev libbenchmark-dev)
-optional=(clang libc++-dev libc++abi-dev libcpp-httplib-dev)
+optional=(clang libc++-dev libc++abi-dev libcpp-httplib-dev chromium chromium-driver)
 [ "${GEIST_WITH_CLANG:-0}" = 1 ] && optional+=(libclang-rt-dev)
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()

@@ -7,12 +7,14 @@
   workload: the pinned-prefix workload over HTTP: 3 system texts (~240 tokens) x 20
           requests, each with its own ~360-token question, 16 tokens generated, greedy;
           each request once with the cache and once with "cache_prompt": false, interleaved:
-          end-to-end latency P50/P95 of both, their ratio, and whether outputs are equal.
+          end-to-end latency P50/P95 of both, their ratio, and whether outputs are equal
+          (--cache on or off: only those requests; works against llama-server too).
   memory: --requests R requests cycling over --prefixes P distinct system texts (each
           request a new question), then R identical requests; the server's RSS
           (/proc/PID/status, --pid) before, after the first phase and after the second.
 
   python3 scripts/serve_load.py load --url http://127.0.0.1:8080 --clients 8 --requests 4
+  python3 scripts/serve_load.py workload --url http://127.0.0.1:8080 [--cache on|off|both]
   python3 scripts/serve_load.py memory --url http://127.0.0.1:8080 --pid PID --requests 200 --prefixes 50
 """
 import argparse
@@ -101,6 +103,15 @@ def load(a):
         print("error:", e)
 
 
+def cached_tokens(out):
+    """Prompt tokens the server reused: usage.prompt_tokens_details.cached_tokens, or
+    llama-server's timings.cache_n where usage does not say."""
+    details = (out.get("usage") or {}).get("prompt_tokens_details") or {}
+    if "cached_tokens" in details:
+        return details["cached_tokens"]
+    return (out.get("timings") or {}).get("cache_n", -1)
+
+
 def workload(a):
     def post(body):
         req = urllib.request.Request(a.url + "/v1/chat/completions", data=json.dumps(body).encode(),
@@ -109,24 +120,35 @@ def workload(a):
         with urllib.request.urlopen(req, timeout=600) as r:
             out = json.load(r)
         return time.perf_counter() - t0, out
-    on, off, same, cached = [], [], True, []
+    on, off, same, cached, outputs = [], [], True, [], []
     for r in range(20):
         for k in range(3):
             question = f"Figure {r} of document {k}: " + " ".join(
                 f"panel {i} shows series {r}-{i} rising to {i * 7 + r} units;" for i in range(20)) + " Explain."
             body = {"messages": [{"role": "system", "content": system_text(k, 112)},
                                  {"role": "user", "content": question}], "max_tokens": 16, "temperature": 0}
-            t_off, o_off = post(dict(body, cache_prompt=False))
-            t_on, o_on = post(body)
-            off.append(t_off * 1e3)
-            on.append(t_on * 1e3)
-            cached.append(o_on["usage"]["prompt_tokens_details"]["cached_tokens"])
-            same = same and o_on["choices"][0]["message"]["content"] == o_off["choices"][0]["message"]["content"]
-            n_prompt = o_on["usage"]["prompt_tokens"]
-    print(f"60 requests, prompt ~{n_prompt} tokens, cached median {sorted(cached)[30]} tokens")
-    print(f"cache off: P50 {pct(off, 50):.0f} ms  P95 {pct(off, 95):.0f} ms")
-    print(f"cache on:  P50 {pct(on, 50):.0f} ms  P95 {pct(on, 95):.0f} ms")
-    print(f"ratio P50 {pct(on, 50) / pct(off, 50):.2f}; outputs identical: {same}")
+            if a.cache in ("both", "off"):
+                t_off, o_off = post(dict(body, cache_prompt=False))
+                off.append(t_off * 1e3)
+                outputs.append(o_off["choices"][0]["message"]["content"])
+            if a.cache in ("both", "on"):
+                t_on, o_on = post(body)
+                on.append(t_on * 1e3)
+                cached.append(cached_tokens(o_on))
+                outputs.append(o_on["choices"][0]["message"]["content"])
+            if a.cache == "both":
+                same = same and o_on["choices"][0]["message"]["content"] == o_off["choices"][0]["message"]["content"]
+            n_prompt = (o_on if a.cache != "off" else o_off)["usage"]["prompt_tokens"]
+    print(f"60 requests, prompt ~{n_prompt} tokens" + (f", cached median {sorted(cached)[30]} tokens" if cached else ""))
+    if off:
+        print(f"cache off: P50 {pct(off, 50):.0f} ms  P95 {pct(off, 95):.0f} ms")
+    if on:
+        print(f"cache on:  P50 {pct(on, 50):.0f} ms  P95 {pct(on, 95):.0f} ms")
+    if a.cache == "both":
+        print(f"ratio P50 {pct(on, 50) / pct(off, 50):.2f}; outputs identical: {same}")
+    if a.outputs:
+        with open(a.outputs, "w") as f:
+            json.dump(outputs, f, indent=0)
 
 
 def memory(a):
@@ -159,6 +181,11 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--prefixes", type=int, default=50)
     ap.add_argument("--pid", type=int)
+    ap.add_argument("--cache", choices=["both", "on", "off"], default="both",
+                    help="workload: each request with the cache and without (interleaved), or only one "
+                         "of them (against llama-server: 'on'; its cache_prompt=false request would "
+                         "leave the whole prompt in the slot for the next one)")
+    ap.add_argument("--outputs", help="workload: write the 60 (or 120) reply texts to this JSON file")
     a = ap.parse_args()
     if not a.url.startswith("http://127.0.0.1:"):
         ap.error("--url must be http://127.0.0.1:PORT")

@@ -19,12 +19,17 @@ ctest --preset release -j"$jobs"
 if [ "${GEIST_SKIP_SERVE:-0}" = 1 ]; then
   echo "test.sh: SKIP geist serve tests (GEIST_SKIP_SERVE=1)"
 else
+  # selenium drives Debian's chromium for the chat page's test (test_chat_page_browser.py).
   pydeps="$PWD/build/pydeps"
-  if ! PYTHONPATH="$pydeps" python3 -c 'import openai, pytest' 2>/dev/null; then
-    python3 -m pip install -q --disable-pip-version-check --target "$pydeps" openai pytest
+  if ! PYTHONPATH="$pydeps" python3 -c 'import openai, pytest, selenium' 2>/dev/null; then
+    python3 -m pip install -q --disable-pip-version-check --target "$pydeps" openai pytest selenium
   fi
   echo "test.sh: geist serve (pytest)"
-  PYTHONPATH="$pydeps" GEIST_BIN="$PWD/build/release/tools/geist" python3 -m pytest -q -p no:cacheprovider tests/serve
+  rm -f build/serve-browser/*.png
+  PYTHONPATH="$pydeps" GEIST_BIN="$PWD/build/release/tools/geist" python3 -m pytest -q -rs -p no:cacheprovider tests/serve
+  for shot in build/serve-browser/*.png; do
+    if [ -e "$shot" ]; then echo "test.sh: artifact: chat page screenshot $PWD/$shot"; fi
+  done
 fi
 # The lower ISA tiers end to end (the release run above used the best one this CPU has):
 # batch invariance of sessions, the C ABI and the kernels' own tests on each.

@@ -314,6 +314,40 @@ def test_disconnect_mid_stream_frees_the_slot(tiny):
     assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 3
 
 
+def test_disconnect_while_waiting_for_a_non_streaming_reply_frees_the_slot(srv, auth):
+    # A non-streaming request writes nothing until it ends; the server watches the
+    # connection instead, and a client that closes it cancels the generation. (The default
+    # model: the tiny one finishes any request before a client could leave.)
+    before = srv.metrics(auth)
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 1500, "temperature": 1.0, "seed": 5,
+                       "top_k": 0, "min_p": 0.0}).encode()  # about 20 s on 2 cores
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: "
+              + str(len(body)).encode() + b"\r\n\r\n" + body)
+    deadline = time.time() + 20
+    while srv.metrics(auth)["geist_generated_tokens_total"] < before["geist_generated_tokens_total"] + 10:
+        assert time.time() < deadline
+        time.sleep(0.02)
+    s.close()
+    t_close = time.time()
+    while time.time() < deadline:
+        m = srv.metrics(auth)
+        if m["geist_slots_busy"] == 0:
+            break
+        time.sleep(0.02)
+    assert m["geist_slots_busy"] == 0
+    assert time.time() - t_close < 2  # noticed within a few of the server's 100 ms checks
+    assert m["geist_requests_cancelled_total"] == before["geist_requests_cancelled_total"] + 1
+    generated = m["geist_generated_tokens_total"] - before["geist_generated_tokens_total"]
+    assert generated < 500  # stopped long before max_tokens
+    # A client that stays gets its whole answer (the watch does not misread a live one).
+    status, _, raw = http("POST", srv.url + "/v1/completions",
+                          {"prompt": "Once upon a time", "max_tokens": 40, "temperature": 1.0, "seed": 5,
+                           "top_k": 0, "min_p": 0.0}, auth)
+    assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 40
+
+
 def test_a_client_that_stops_sending_is_dropped(tiny):
     # Half a request, then silence (slowloris): after --timeout (1 s here) the server
     # answers 400 (or just closes), and the connection is gone after --keep-alive more

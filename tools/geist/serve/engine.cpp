@@ -536,6 +536,16 @@ void Engine::finish(Slot &s, const char *reason) {
     emit(s, tail, nullptr);
   }
   const auto now = Clock::now();
+  // The counters before the answer: a client that reads /metrics right after it sees
+  // them. The slot counts as busy until it is idle (idle() must not be early).
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (reason) {
+      ++stats_.jobs_finished;
+    } else {
+      ++stats_.jobs_cancelled;
+    }
+  }
   {
     std::lock_guard<std::mutex> lk(j.mu);
     j.out.done = true;
@@ -551,17 +561,16 @@ void Engine::finish(Slot &s, const char *reason) {
   s.last_used = ++clock_;
   std::lock_guard<std::mutex> lk(mu_);
   --busy_;
-  if (reason) {
-    ++stats_.jobs_finished;
-  } else {
-    ++stats_.jobs_cancelled;
-  }
 }
 
 void Engine::fail(Slot &s, const api::Error &e) {
   std::fprintf(stderr, "geist serve: error: %s\n", e.to_string().c_str());
   s.session.clear();  // a state after a failed call is not worth reusing
   Job &j = *s.job;
+  {
+    std::lock_guard<std::mutex> lk(mu_);  // before the answer, as in finish()
+    ++stats_.jobs_failed;
+  }
   {
     std::lock_guard<std::mutex> lk(j.mu);
     ApiError ae;
@@ -577,7 +586,6 @@ void Engine::fail(Slot &s, const api::Error &e) {
   s.last_used = ++clock_;
   std::lock_guard<std::mutex> lk(mu_);
   --busy_;
-  ++stats_.jobs_failed;
 }
 
 }  // namespace geist::serve

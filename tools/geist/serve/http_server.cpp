@@ -3,8 +3,15 @@
 #if __has_include(<malloc.h>)
 #include <malloc.h>  // mallopt (glibc)
 #endif
+#include <dirent.h>
+#include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstdlib>
 
 #include <chrono>
 #include <condition_variable>
@@ -76,6 +83,66 @@ bool same_secret(const std::string &a, const std::string &b) {
   for (size_t i = 0; i < a.size(); ++i)
     diff |= uint8_t(a[i]) ^ uint8_t(b.empty() ? 0 : b[i % b.size()]);
   return diff == 0;
+}
+
+// The socket of the connection `req` came on, or -1. httplib 0.11 gives a handler no
+// access to its connection (Request carries only the addresses, and DataSink::is_writable
+// polls for writability, which a socket whose peer has closed still has), so this looks
+// for the open socket with the request's local and remote address and port: a TCP
+// connection's four are unique among the process's sockets, and the handler's thread owns
+// that socket until it returns. Linux (/proc/self/fd); a few hundred syscalls, so it is
+// called once per request, and only for one that is still running after a while.
+int connection_socket(const httplib::Request &req) {
+  DIR *dir = opendir("/proc/self/fd");
+  if (!dir) return -1;
+  auto name_of = [](const sockaddr_storage &a, socklen_t len, std::string *host, int *port) {
+    char h[NI_MAXHOST], p[NI_MAXSERV];
+    if (getnameinfo(reinterpret_cast<const sockaddr *>(&a), len, h, sizeof h, p, sizeof p,
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+      return false;
+    }
+    *host = h;
+    *port = std::atoi(p);
+    return true;
+  };
+  int found = -1;
+  const int own = dirfd(dir);
+  while (const dirent *e = readdir(dir)) {
+    char *end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == own) continue;
+    sockaddr_storage a{};
+    socklen_t len = sizeof a;
+    std::string host;
+    int port = -1;
+    if (getpeername(int(fd), reinterpret_cast<sockaddr *>(&a), &len) != 0 ||
+        !name_of(a, len, &host, &port) || port != req.remote_port || host != req.remote_addr) {
+      continue;
+    }
+    len = sizeof a;
+    if (getsockname(int(fd), reinterpret_cast<sockaddr *>(&a), &len) != 0 ||
+        !name_of(a, len, &host, &port) || port != req.local_port || host != req.local_addr) {
+      continue;
+    }
+    found = int(fd);
+    break;
+  }
+  closedir(dir);
+  return found;
+}
+
+// Whether the client of connected socket `fd` has closed its side: the socket reads as
+// end-of-file (or has failed) without consuming anything a pipelined request sent. A
+// client that only shuts down its sending side (shutdown(SHUT_WR)) while it waits for the
+// answer looks the same; HTTP clients do not do that.
+bool peer_closed(int fd) {
+  pollfd p{fd, short(POLLIN | POLLRDHUP), 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return true;
+  if (!(p.revents & (POLLIN | POLLRDHUP))) return false;
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 json bytes_of(const std::string &s) {
@@ -431,11 +498,30 @@ void Server::handle_generate(Endpoint ep, const httplib::Request &req, httplib::
       return send_error(res, server_error(503, "shutting_down", "the server is shutting down"));
   }
   if (r.stream) return stream(ep, job, r.include_usage, res);
+  // Non-streaming: nothing is written until the end, so the connection is watched
+  // instead; a client that went away cancels the job, which frees its slot (or its place
+  // in the queue) at the engine's next step.
   Job::Output out;
+  bool client_gone = false;
   {
+    int fd = -2;  // not looked up yet
     std::unique_lock<std::mutex> lk(job->mu);
-    job->cv.wait(lk, [&] { return job->out.done; });
+    while (!job->cv.wait_for(lk, std::chrono::milliseconds(100), [&] { return job->out.done; })) {
+      if (client_gone) continue;
+      lk.unlock();
+      if (fd == -2) fd = connection_socket(req);
+      if (fd >= 0 && peer_closed(fd)) {
+        client_gone = true;
+        job->cancel();
+      }
+      lk.lock();
+    }
     out = job->out;
+  }
+  if (client_gone && out.finish_reason == "cancelled") {
+    // Nobody reads this; the status is what the log and /metrics show (nginx's 499).
+    return send_error(
+        res, server_error(499, "client_closed_request", "the client closed the connection"));
   }
   if (out.error) return send_error(res, *out.error);
   if (out.finish_reason == "cancelled") {

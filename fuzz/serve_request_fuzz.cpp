@@ -1,11 +1,13 @@
-// libFuzzer target for geist serve's model-free input handling (scripts/fuzz_serve.sh):
-// the request parsers on arbitrary bodies (they return true or an error, never crash),
-// and the stop-string matcher, whose output is checked against a direct computation: the
-// text before the earliest occurrence of any stop string (all of it if none occurs),
-// however the text is split into pieces.
+// libFuzzer target for geist serve's model-free input handling (fuzz/run.sh
+// serve_request_fuzz; docs/FUZZING.md): the request parsers on arbitrary bodies (a refused
+// body gets a 400 with a message; an accepted one holds only values in the documented
+// ranges), and the stop-string matcher, whose output is checked against a direct
+// computation: the text before the earliest occurrence of any stop string (all of it if
+// none occurs), however the text is split into pieces.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,41 @@
 #include "stop_matcher.h"
 
 using namespace geist::serve;
+
+namespace {
+
+// What an accepted request may hold (docs/SERVE.md, "Parameters").
+bool accepted_is_valid(Endpoint ep, const GenRequest &r) {
+  const SamplingFields &s = r.sampling;
+  auto in = [](const std::optional<double> &v, double lo, double hi) {
+    return !v || (*v >= lo && *v <= hi);
+  };
+  if (r.endpoint != ep || r.max_tokens < -1 || r.max_tokens > INT32_MAX) return false;
+  if (!in(s.temperature, 0, 2) || !in(s.top_p, 0, 1) || !in(s.min_p, 0, 1) ||
+      (s.repeat_penalty && !(*s.repeat_penalty > 0))) {
+    return false;
+  }
+  if (r.top_logprobs < 0 || r.stop.size() > kMaxStopStrings) return false;
+  if (r.top_logprobs > (ep == Endpoint::kChat ? kMaxTopLogprobs : kMaxLegacyLogprobs)) return false;
+  if (ep == Endpoint::kChat && r.top_logprobs > 0 && !r.logprobs) return false;
+  for (const std::string &stop : r.stop) {
+    if (stop.empty() || stop.size() > kMaxStopBytes) return false;
+  }
+  if (ep == Endpoint::kChat) {
+    if (r.messages.empty()) return false;
+    for (const ChatMessage &m : r.messages) {
+      if (m.role != "system" && m.role != "user" && m.role != "assistant") return false;
+    }
+  } else {
+    for (int32_t id : r.prompt_tokens) {
+      if (id < 0) return false;
+    }
+    if (!r.prompt_is_tokens && !r.prompt_tokens.empty()) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const std::string in(reinterpret_cast<const char *>(data), size);
@@ -22,9 +59,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!parse_gen_request(ep, in, &r, &e)) {
       if (e.http_status != 400 || e.message.empty()) std::abort();
       (void)e.to_json().dump();
-    } else {
-      if (r.top_logprobs < 0 || r.top_logprobs > kMaxTopLogprobs || r.stop.size() > kMaxStopStrings)
-        std::abort();
+    } else if (!accepted_is_valid(ep, r)) {
+      std::abort();
     }
   }
   TokenizeRequest t;
