@@ -314,6 +314,36 @@ def test_disconnect_mid_stream_frees_the_slot(tiny):
     assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 3
 
 
+def test_disconnect_mid_stream_of_a_long_generation_stops_it(srv, auth):
+    # The default model, 1500 tokens asked (about 20 s on 2 cores): a client that leaves
+    # after the first few streamed tokens stops the generation within a moment.
+    before = srv.metrics(auth)
+    body = json.dumps({"prompt": "Once upon a time", "stream": True, "max_tokens": 1500, "temperature": 1.0,
+                       "seed": 5, "top_k": 0, "min_p": 0.0}).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: "
+              + str(len(body)).encode() + b"\r\n\r\n" + body)
+    got = b""
+    while got.count(b"data: ") < 5:
+        chunk = s.recv(4096)
+        assert chunk, "the stream ended early"
+        got += chunk
+    s.close()
+    t_close = time.time()
+    deadline = t_close + 20
+    while time.time() < deadline:
+        m = srv.metrics(auth)
+        if m["geist_slots_busy"] == 0:
+            break
+        time.sleep(0.02)
+    assert m["geist_slots_busy"] == 0
+    assert time.time() - t_close < 3
+    assert m["geist_requests_cancelled_total"] == before["geist_requests_cancelled_total"] + 1
+    generated = m["geist_generated_tokens_total"] - before["geist_generated_tokens_total"]
+    assert generated < 500, generated  # stopped long before max_tokens
+
+
 def test_disconnect_while_waiting_for_a_non_streaming_reply_frees_the_slot(srv, auth):
     # A non-streaming request writes nothing until it ends; the server watches the
     # connection instead, and a client that closes it cancels the generation. (The default
