@@ -828,19 +828,27 @@ Status check_attn(const AttnArgs &a) {
   return Status::ok();
 }
 
-// The many-queries kernel's shared memory is above the default 48 KB: allowed once per
-// instantiation and device (a failure shows as the launch's error).
+// The many-queries kernel's shared memory (84 KiB at head dim 256, 100 KiB at 512) is above
+// the default 48 KB: it is allowed once per instantiation and device. false where the
+// device cannot give a block that much (its opt-in limit: 99 KiB on sm_86/89, so head dim
+// 512 there; 163 KiB on sm_80, 227 KiB on sm_90): the caller then runs the one-query kernel.
 template <KvType KT, KvType VT, int HD>
-void mq_allow_smem() {
+bool mq_allow_smem() {
   static std::atomic<uint64_t> done{0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return;
-  const uint64_t bit = dev >= 0 && dev < 64 ? uint64_t(1) << dev : 0;
-  if (bit != 0 && (done.load(std::memory_order_relaxed) & bit) != 0) return;
-  if (cudaFuncSetAttribute(attention_mq_kernel<KT, VT, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(mq_smem_bytes<HD>())) == cudaSuccess) {
-    done.fetch_or(bit, std::memory_order_relaxed);
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  const uint64_t bit = uint64_t(1) << dev;
+  if ((done.load(std::memory_order_relaxed) & bit) != 0) return true;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+      size_t(optin) < mq_smem_bytes<HD>()) {
+    return false;
   }
+  if (cudaFuncSetAttribute(attention_mq_kernel<KT, VT, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(mq_smem_bytes<HD>())) != cudaSuccess) {
+    return false;
+  }
+  done.fetch_or(bit, std::memory_order_relaxed);
+  return true;
 }
 
 Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {
@@ -864,18 +872,22 @@ Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {
     if (mq) {
       const int rows_per = kMqHeads / group;
       const dim3 gq(unsigned(kSplits), unsigned(a.n_head_kv), unsigned((nr + rows_per - 1) / rows_per));
+      bool launched = false;
       dispatch_kv(a.k_type, [&](auto tag_k) {
         dispatch_kv(a.v_type, [&](auto tag_v) {
           constexpr KvType KT = decltype(tag_k)::value, VT = decltype(tag_v)::value;
           dispatch_among<int, 64, 128, 256, 512>(a.head_dim, [&](auto tag_hd) {
             constexpr int HD = decltype(tag_hd)::value;
-            mq_allow_smem<KT, VT, HD>();
+            if (!mq_allow_smem<KT, VT, HD>()) return;
             launch_smem(attention_mq_kernel<KT, VT, HD>, gq, kMqThreads, mq_smem_bytes<HD>(), s, p, row0, nr, part);
+            launched = true;
           });
         });
       });
-      launch(attention_merge_kernel, dim3(unsigned(a.n_head), unsigned(nr)), kThreads, s, p.c, row0, part);
-      continue;
+      if (launched) {
+        launch(attention_merge_kernel, dim3(unsigned(a.n_head), unsigned(nr)), kThreads, s, p.c, row0, part);
+        continue;
+      }
     }
     dispatch_kv(a.k_type, [&](auto tag_k) {
       dispatch_kv(a.v_type, [&](auto tag_v) {
