@@ -86,6 +86,30 @@ TEST(Sampler, GreedyTiesGoToLowestId) {
   EXPECT_EQ(Sampler(all_off(0.0f)).sample(last.data(), 3), 2);
 }
 
+// Greedy without a penalty reads the argmax in place; with a repeat penalty it goes
+// through the candidate list. Both pick the same id, NaN and infinities included: the
+// first index of the largest value, a NaN never replacing the running best (a NaN at id 0
+// is never replaced). The penalised sampler's history holds only id 1, whose logit is 0
+// in every row, so the penalty changes nothing.
+TEST(Sampler, GreedyInPlaceEqualsCandidateList) {
+  const float nan = std::nanf(""), inf = INFINITY;
+  const std::vector<std::vector<float>> rows = {
+      {nan, 0.0f, 5.0f, inf, 2.0f}, {1.0f, 0.0f, nan, 5.0f, 5.0f, inf, nan, -inf},
+      {-inf, 0.0f, -0.0f, nan},     {-3.0f, 0.0f, 7.0f, nan, 7.0f, 6.0f},
+      {-inf, 0.0f, -inf},           {2.0f, 0.0f, -0.0f, 2.0f}};
+  const std::vector<int32_t> expected = {0, 5, 1, 2, 1, 0};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Sampler plain(all_off(0.0f));
+    SamplerParams pp = all_off(0.0f);
+    pp.repeat_penalty = 2.0f;
+    Sampler penalised(pp);
+    const std::vector<float> prime = {-1.0f, 0.0f};
+    ASSERT_EQ(penalised.sample(prime.data(), 2), 1);  // history {1}
+    EXPECT_EQ(plain.sample(rows[i].data(), int64_t(rows[i].size())), expected[i]) << "row " << i;
+    EXPECT_EQ(penalised.sample(rows[i].data(), int64_t(rows[i].size())), expected[i]) << "row " << i;
+  }
+}
+
 TEST(Sampler, TopKOneIsArgmaxAtAnyTemperature) {
   // A close runner-up and a huge temperature: without top-k the runner-up would win often.
   const std::vector<float> logits = {0.0f, 1.0f, 1.01f, 0.99f, -5.0f, 1.0f};

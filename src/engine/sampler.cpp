@@ -95,6 +95,18 @@ void Sampler::accept(int32_t token) {
 
 int32_t Sampler::sample(const float *logits, int64_t n_vocab) {
   GEIST_CHECK(logits != nullptr && n_vocab > 0, "sample() needs a non-empty logits row");
+  if (p_.temperature <= 0.0f && (p_.repeat_penalty == 1.0f || history_.empty())) {
+    // Greedy without penalties: the argmax read in place, what the candidate list below
+    // picks (the first index of the largest logit; a NaN never replaces the running best),
+    // without writing 262144 (logit, id) pairs per token first.
+    int64_t best = 0;
+    for (int64_t i = 1; i < n_vocab; ++i) {
+      if (logits[i] > logits[best]) best = i;
+    }
+    const auto chosen = static_cast<int32_t>(best);
+    accept(chosen);
+    return chosen;
+  }
   cand_.resize(static_cast<size_t>(n_vocab));
   for (int64_t i = 0; i < n_vocab; ++i) cand_[i] = {logits[i], static_cast<int32_t>(i)};
   if (p_.repeat_penalty != 1.0f && !history_.empty()) {
