@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backends/cpu/isa.h"
+#include "backends/cpu/kv_rows.h"
 #include "backends/cpu/ops.h"
 #include "backends/cpu/packed.h"
 #include "backends/cpu/qgemm.h"
@@ -221,6 +222,66 @@ TEST_P(CpuAttention, MatchesGenericAndIsBatchInvariant) {
   }
 }
 
+// Several sequences' attention in one call (batched decode, a step of several sessions)
+// gives each sequence the bits it gets alone: decode rows at different depths, a sequence
+// with several rows, one with none, windows that wrap, 1 and 2 threads, f32 and f16 rings.
+TEST_P(CpuAttention, SequencesTogetherEqualEachAlone) {
+  const Isa isa = GetParam();
+  if (tier_missing(isa)) GEIST_SKIP(std::string("this CPU has no ") + isa_name(isa) + " tier");
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd;
+  const int n_head = 4, n_kv = 1, hd = 256;
+  struct Seq {
+    int rows;
+    int64_t depth;
+    KvType t;
+  };
+  for (int window : {0, 64}) {
+    for (bool many : {false, true}) {  // few units: the chunk-split path; many: one task per unit
+      SCOPED_TRACE("window " + std::to_string(window) + (many ? ", many rows" : ", decode rows"));
+      // Two decode rows: fewer units than 2 x threads on 2 threads (key chunks split over
+      // tasks); with the others, one task per unit.
+      std::vector<Seq> seqs = {{1, 700, KvType::F32}, {0, 9, KvType::F32}, {1, 257, KvType::F16}};
+      if (many) seqs.insert(seqs.end(), {{1, 40, KvType::F32}, {1, 0, KvType::F16}, {9, 300, KvType::F32}});
+      std::vector<std::vector<float>> q(seqs.size()), alone(seqs.size()), together(seqs.size());
+      std::vector<std::vector<uint8_t>> k(seqs.size()), v(seqs.size());
+      std::vector<AttentionArgs> args;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        const Seq &S = seqs[i];
+        const int64_t cap = window > 0 ? window + std::max(S.rows, 1) : S.depth + std::max(S.rows, 1);
+        const int64_t row = int64_t(n_kv) * hd;
+        std::vector<float> kf(size_t(cap * row)), vf(kf.size());
+        for (auto *vec : {&kf, &vf})
+          for (float &x : *vec) x = nd(rng);
+        k[i].resize(size_t(cap) * kv_row_bytes(S.t, row));
+        v[i].resize(k[i].size());
+        kv_store_rows(S.t, kf.data(), cap, row, k[i].data());
+        kv_store_rows(S.t, vf.data(), cap, row, v[i].data());
+        q[i].resize(size_t(std::max(S.rows, 1)) * n_head * hd);
+        for (float &x : q[i]) x = nd(rng);
+        alone[i].assign(q[i].size(), 0.0f);
+        together[i].assign(q[i].size(), 0.0f);
+        args.push_back({q[i].data(), k[i].data(), v[i].data(), alone[i].data(), S.rows, S.depth, cap, n_head, n_kv,
+                        hd, window, 1.0f / 16.0f, S.t, S.t});
+      }
+      ThreadPool pool1(1), pool2(2);
+      for (ThreadPool *pool : {&pool1, &pool2}) {
+        for (size_t i = 0; i < seqs.size(); ++i) {
+          AttentionArgs a = args[i];
+          a.out = alone[i].data();
+          attention_on_tier(isa, a, *pool);
+          args[i].out = together[i].data();
+        }
+        attention_seqs_on_tier(isa, args.data(), int(args.size()), *pool);
+        for (size_t i = 0; i < seqs.size(); ++i) {
+          ASSERT_EQ(0, std::memcmp(alone[i].data(), together[i].data(), alone[i].size() * sizeof(float)))
+              << "sequence " << i << ", threads " << pool->n_threads();
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiers, CpuAttention, ::testing::Values(Isa::Avx2, Isa::Avx2Vnni, Isa::Avx512),
                          [](const auto &info) { return std::string(isa_name(info.param)); });
 
@@ -317,6 +378,46 @@ TEST(CpuOpsPool, NormAndRopeSplitOverThreadsAreExact) {
   rope_neox(a.data(), rows, heads, hd, hd, cs.data());
   rope_neox(b.data(), rows, heads, hd, hd, cs.data(), pool);
   ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
+}  // namespace
+}  // namespace geist::cpu
+
+namespace geist::cpu {
+namespace {
+
+// RMSNorm as one vector at a time: the sum of squares in one running double, in index
+// order. The kernel interleaves several vectors' sums; every bit must stay the same.
+void rmsnorm_one_at_a_time(const float *x, const float *g, float *out, int64_t n_vec, int64_t dim, float eps) {
+  for (int64_t v = 0; v < n_vec; ++v) {
+    const float *xv = x + v * dim;
+    double ss = 0.0;
+    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xv[i]) * xv[i];
+    const float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps));
+    for (int64_t i = 0; i < dim; ++i) out[v * dim + i] = g ? xv[i] * r * g[i] : xv[i] * r;
+  }
+}
+
+TEST(CpuOps, RmsNormEqualsOneVectorAtATime) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (int64_t dim : {640, 256, 37, 1}) {
+    for (int64_t n_vec : {1, 2, 3, 5, 8, 9, 15, 16, 17, 31}) {
+      SCOPED_TRACE("dim " + std::to_string(dim) + ", vectors " + std::to_string(n_vec));
+      std::vector<float> x(size_t(n_vec * dim)), g(static_cast<size_t>(dim)), ref(x.size()), got(x.size());
+      for (float &v : x) v = nd(rng);
+      for (float &v : g) v = nd(rng);
+      x[0] = 1e20f;  // a sum far from 1: rounding of the double adds matters
+      for (const float *gp : {static_cast<const float *>(g.data()), static_cast<const float *>(nullptr)}) {
+        rmsnorm_one_at_a_time(x.data(), gp, ref.data(), n_vec, dim, 1e-6f);
+        rmsnorm_to(x.data(), gp, got.data(), n_vec, dim, 1e-6f);
+        ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * sizeof(float)));
+        std::vector<float> in_place = x;
+        rmsnorm(in_place.data(), gp, n_vec, dim, 1e-6f);
+        ASSERT_EQ(0, std::memcmp(ref.data(), in_place.data(), ref.size() * sizeof(float)));
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // llama.cpp order: penalties, top-k, top-p and min-p on T=1 probabilities, temperature.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <vector>
@@ -23,6 +24,13 @@ SamplerParams all_off(float temperature, uint64_t seed = 1) {
   p.repeat_last_n = 64;
   p.seed = seed;
   return p;
+}
+
+uint64_t splitmix_for_test(uint64_t &x) {
+  uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
 }
 
 std::vector<int32_t> draws(Sampler &s, const std::vector<float> &logits, int n) {
@@ -84,6 +92,55 @@ TEST(Sampler, GreedyTiesGoToLowestId) {
   EXPECT_EQ(Sampler(all_off(0.0f)).sample(first.data(), 3), 0);
   const std::vector<float> last = {-1.0f, -2.0f, 5.0f};
   EXPECT_EQ(Sampler(all_off(0.0f)).sample(last.data(), 3), 2);
+}
+
+// Greedy without a penalty reads the argmax in place; with a repeat penalty it goes
+// through the candidate list. Both pick the same id, NaN and infinities included: the
+// first index of the largest value, a NaN never replacing the running best (a NaN at id 0
+// is never replaced). The penalised sampler's history holds only id 1, whose logit is 0
+// in every row, so the penalty changes nothing.
+TEST(Sampler, GreedyInPlaceEqualsCandidateList) {
+  const float nan = std::nanf(""), inf = INFINITY;
+  const std::vector<std::vector<float>> rows = {
+      {nan, 0.0f, 5.0f, inf, 2.0f}, {1.0f, 0.0f, nan, 5.0f, 5.0f, inf, nan, -inf},
+      {-inf, 0.0f, -0.0f, nan},     {-3.0f, 0.0f, 7.0f, nan, 7.0f, 6.0f},
+      {-inf, 0.0f, -inf},           {2.0f, 0.0f, -0.0f, 2.0f}};
+  const std::vector<int32_t> expected = {0, 5, 1, 2, 1, 0};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Sampler plain(all_off(0.0f));
+    SamplerParams pp = all_off(0.0f);
+    pp.repeat_penalty = 2.0f;
+    Sampler penalised(pp);
+    const std::vector<float> prime = {-1.0f, 0.0f};
+    ASSERT_EQ(penalised.sample(prime.data(), 2), 1);  // history {1}
+    EXPECT_EQ(plain.sample(rows[i].data(), int64_t(rows[i].size())), expected[i]) << "row " << i;
+    EXPECT_EQ(penalised.sample(rows[i].data(), int64_t(rows[i].size())), expected[i]) << "row " << i;
+  }
+}
+
+// The same on long rows (the in-place argmax runs in blocks of 16 lanes): values from a
+// small set so that the maximum repeats, NaNs and signed zeros anywhere, a NaN at id 0 in
+// some rows, lengths that are and are not multiples of 16. Reference: the scan itself.
+TEST(Sampler, GreedyInPlaceLongRows) {
+  const float nan = std::nanf("");
+  const float pool[] = {-1.0f, 0.0f, -0.0f, 2.5f, 2.5f, nan, -INFINITY, 1.0f};
+  uint64_t state = 12345;
+  for (int row = 0; row < 200; ++row) {
+    const int n = 1 + int(splitmix_for_test(state) % 700);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float &v : x) v = pool[splitmix_for_test(state) % 8];
+    if (row % 7 == 0) x[0] = nan;
+    if (row % 5 == 0) {  // all zeros, the last one +0.0: no zero exceeds another
+      std::fill(x.begin(), x.end(), -0.0f);
+      x[size_t(n) - 1] = 0.0f;
+    }
+    int64_t ref = 0;
+    for (int i = 1; i < n; ++i) {
+      if (x[size_t(i)] > x[size_t(ref)]) ref = i;
+    }
+    Sampler greedy(all_off(0.0f));
+    EXPECT_EQ(greedy.sample(x.data(), n), ref) << "row " << row << ", n " << n;
+  }
 }
 
 TEST(Sampler, TopKOneIsArgmaxAtAnyTemperature) {

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <unordered_set>
 
+#include "base/cpu_clones.h"
 #include "base/status.h"
 
 namespace geist {
@@ -17,6 +19,48 @@ uint64_t splitmix64(uint64_t &x) {
   return z ^ (z >> 31);
 }
 inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+// What a scan from index 0 that moves to i whenever x[i] > x[best] returns: the first index
+// of the largest value, NaNs never chosen (and a NaN at 0 never left, nothing compares
+// greater than it). In two passes over vectors of 16 floats (GCC/Clang vector extensions,
+// lowered to the clone's ISA): the largest value per lane (v > m ? v : m, a max
+// instruction, the same per-lane rule as the scan), then the first block of 16 holding a
+// value equal to it. The first index equal to the maximum is the scan's: the scan stops
+// at the first element that nothing later exceeds, and an earlier equal element would
+// have stopped it there.
+typedef float F16x __attribute__((vector_size(64)));
+typedef int32_t I16x __attribute__((vector_size(64)));
+
+GEIST_CPU_CLONES
+int64_t argmax_first(const float *x, int64_t n) {
+  if (std::isnan(x[0])) return 0;
+  F16x m;
+  for (int l = 0; l < 16; ++l) m[l] = x[0];
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    F16x v;
+    std::memcpy(&v, x + i, sizeof v);
+    m = v > m ? v : m;
+  }
+  float best = x[0];
+  for (int l = 0; l < 16; ++l) best = m[l] > best ? m[l] : best;
+  for (int64_t j = i; j < n; ++j) best = x[j] > best ? x[j] : best;
+  F16x bv;
+  for (int l = 0; l < 16; ++l) bv[l] = best;
+  int64_t b = 0;
+  for (; b + 16 <= n; b += 16) {
+    F16x v;
+    std::memcpy(&v, x + b, sizeof v);
+    const I16x eq = v == bv;
+    int32_t hit = 0;
+    for (int l = 0; l < 16; ++l) hit |= eq[l];
+    if (hit) break;
+  }
+  for (; b < n; ++b) {
+    if (x[b] == best) return b;
+  }
+  return 0;  // not reached: best is one of the values
+}
 }  // namespace
 
 Sampler::Sampler(const SamplerParams &p) : p_(p) { reset(); }
@@ -95,6 +139,14 @@ void Sampler::accept(int32_t token) {
 
 int32_t Sampler::sample(const float *logits, int64_t n_vocab) {
   GEIST_CHECK(logits != nullptr && n_vocab > 0, "sample() needs a non-empty logits row");
+  if (p_.temperature <= 0.0f && (p_.repeat_penalty == 1.0f || history_.empty())) {
+    // Greedy without penalties: the argmax read in place, what the candidate list below
+    // picks (the first index of the largest logit; a NaN never replaces the running best),
+    // without writing 262144 (logit, id) pairs per token first.
+    const auto chosen = static_cast<int32_t>(argmax_first(logits, n_vocab));
+    accept(chosen);
+    return chosen;
+  }
   cand_.resize(static_cast<size_t>(n_vocab));
   for (int64_t i = 0; i < n_vocab; ++i) cand_[i] = {logits[i], static_cast<int32_t>(i)};
   if (p_.repeat_penalty != 1.0f && !history_.empty()) {

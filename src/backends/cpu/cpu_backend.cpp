@@ -240,24 +240,26 @@ class CpuExec final : public Exec {
   }
   void attention(int l, Act q, Act out, int n_head, int head_dim, int window, float scale) override {
     const OpProfile::Scope ps = scope("attention");
+    attn_args_.clear();
     for (const Seq &sq : seqs_) {
       const CpuKvStore &c = *sq.kv;
-      cpu::AttentionArgs a{q.rows_from(sq.row0).p,
-                           c.k(l),
-                           c.v(l),
-                           out.rows_from(sq.row0).p,
-                           sq.n,
-                           sq.pos0,
-                           c.capacity(l),
-                           n_head,
-                           int(c.spec(l).row_floats / head_dim),
-                           head_dim,
-                           window,
-                           scale,
-                           c.type_k(),
-                           c.type_v()};
-      cpu::attention(a, *pool_);
+      attn_args_.push_back({q.rows_from(sq.row0).p,
+                            c.k(l),
+                            c.v(l),
+                            out.rows_from(sq.row0).p,
+                            sq.n,
+                            sq.pos0,
+                            c.capacity(l),
+                            n_head,
+                            int(c.spec(l).row_floats / head_dim),
+                            head_dim,
+                            window,
+                            scale,
+                            c.type_k(),
+                            c.type_v()});
     }
+    // Every sequence's queries in one call: two pool runs per layer, not two per sequence.
+    cpu::attention_seqs(attn_args_.data(), int(attn_args_.size()), *pool_);
   }
   void gelu_mul(Act gate, Act up, Act out, int64_t n) override {
     const OpProfile::Scope ps = scope("gelu_mul");
@@ -306,6 +308,7 @@ class CpuExec final : public Exec {
   const int32_t *tokens_ = nullptr;
   int n_rows_ = 0;
   std::vector<Seq> seqs_;
+  std::vector<cpu::AttentionArgs> attn_args_;  // attention()'s per-sequence arguments
 };
 
 class CpuBackend final : public Backend {

@@ -302,18 +302,59 @@ void embedding_gather(const WeightView &w, const int32_t *ids, int n, float scal
   }
 }
 
+namespace {
+
+// ss[v] = sum over i in order of double(x[v][i])^2 for kVec vectors of dim floats each
+// (x: [kVec][dim], row-major). Each vector's sum is one running double, added in index
+// order exactly as a loop over that vector alone adds it; the kVec sums are independent,
+// so the adds of different vectors overlap instead of waiting on each other's latency
+// (the compiler may put them in the lanes of one register: same order per lane).
+template <int kVec>
+GEIST_CPU_CLONES void sum_squares(const float *x, int64_t dim, double *ss) {
+  double s[kVec] = {};
+  for (int64_t i = 0; i < dim; ++i) {
+    for (int v = 0; v < kVec; ++v) {
+      const double e = x[v * dim + i];
+      s[v] += e * e;
+    }
+  }
+  for (int v = 0; v < kVec; ++v) ss[v] = s[v];
+}
+
+}  // namespace
+
 void rmsnorm_to(const float *x, const float *g, float *out, int64_t n_vec, int64_t dim, float eps) {
-  for (int64_t v = 0; v < n_vec; ++v) {
-    const float *xv = x + v * dim;
-    float *ov = out + v * dim;
-    // Sum of squares in double: exact enough that the order of terms does not matter.
-    double ss = 0.0;
-    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xv[i]) * xv[i];
-    const float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps));
-    if (g) {
-      for (int64_t i = 0; i < dim; ++i) ov[i] = xv[i] * r * g[i];
-    } else {
-      for (int64_t i = 0; i < dim; ++i) ov[i] = xv[i] * r;
+  // Sum of squares in double (each square is exact; the adds run in index order).
+  constexpr int kBlock = 8;
+  double ss[kBlock];
+  for (int64_t v0 = 0; v0 < n_vec; v0 += kBlock) {
+    const int nb = int(std::min<int64_t>(kBlock, n_vec - v0));
+    const float *xb = x + v0 * dim;
+    for (int b = 0; b < nb;) {  // 8 vectors at a time, a tail in 4, 2, 1
+      const int left = nb - b;
+      if (left >= 8) {
+        sum_squares<8>(xb + b * dim, dim, ss + b);
+        b += 8;
+      } else if (left >= 4) {
+        sum_squares<4>(xb + b * dim, dim, ss + b);
+        b += 4;
+      } else if (left >= 2) {
+        sum_squares<2>(xb + b * dim, dim, ss + b);
+        b += 2;
+      } else {
+        sum_squares<1>(xb + b * dim, dim, ss + b);
+        b += 1;
+      }
+    }
+    for (int b = 0; b < nb; ++b) {
+      const float *xv = xb + b * dim;
+      float *ov = out + (v0 + b) * dim;
+      const float r = static_cast<float>(1.0 / std::sqrt(ss[b] / static_cast<double>(dim) + eps));
+      if (g) {
+        for (int64_t i = 0; i < dim; ++i) ov[i] = xv[i] * r * g[i];
+      } else {
+        for (int64_t i = 0; i < dim; ++i) ov[i] = xv[i] * r;
+      }
     }
   }
 }
@@ -536,59 +577,93 @@ void visible(const AttentionArgs &a, int r, int64_t *lo, int64_t *hi) {
 }
 
 thread_local std::vector<float> t_attn_scratch;
+thread_local std::vector<int> t_attn_unit0;
+thread_local std::vector<int64_t> t_attn_first;
 
-void attention_tiled(AttnChunkFn chunk, const AttentionArgs &a, ThreadPool &pool) {
+// One query row's attention for KV head g, its chunks walked in order by one task.
+void attention_unit(AttnChunkFn chunk, const AttentionArgs &a, int r, int g) {
   const int group = a.n_head / a.n_head_kv;
   const int D = a.head_dim;
   const size_t state_floats = size_t(group) * (D + 2);
-  const int units = a.n_rows * a.n_head_kv;
+  thread_local std::vector<float> buf;
+  if (buf.size() < 2 * state_floats) buf.resize(2 * state_floats);
   auto view = [&](float *base) { return AttnState{base, base + group, base + 2 * group}; };
+  int64_t lo, hi;
+  visible(a, r, &lo, &hi);
+  AttnState st = view(buf.data()), part = view(buf.data() + state_floats);
+  for (int64_t c = lo / kAttnChunk; c <= hi / kAttnChunk; ++c) {
+    const int64_t c_lo = std::max(lo, c * kAttnChunk), c_hi = std::min(hi, c * kAttnChunk + kAttnChunk - 1);
+    if (c == lo / kAttnChunk) {
+      chunk(a, r, g, c_lo, c_hi, st.m, st.l, st.acc);
+    } else {
+      chunk(a, r, g, c_lo, c_hi, part.m, part.l, part.acc);
+      merge_state(st, part, group, D);
+    }
+  }
+  finish_state(st, a, r, g, group);
+}
+
+// The attention of n_seq sequences (each its own queries, ring and positions; the same
+// head geometry) in at most two pool runs. Units are (sequence, query row, KV head).
+// Many units: one task per unit walks its chunks. Few units (decode): one task per
+// (unit, chunk), then one task per unit merges its partials in chunk order. Both give
+// the same bits for a unit, whatever the other sequences in the call.
+void attention_tiled(AttnChunkFn chunk, const AttentionArgs *as, int n_seq, ThreadPool &pool) {
+  const int group = as[0].n_head / as[0].n_head_kv;
+  const int D = as[0].head_dim;
+  const size_t state_floats = size_t(group) * (D + 2);
+  // The caller's scratch (thread_local, so the tasks hold references to this thread's).
+  std::vector<int> &unit0 = t_attn_unit0;  // [n_seq + 1]: first unit of each sequence
+  unit0.assign(size_t(n_seq) + 1, 0);
+  for (int s = 0; s < n_seq; ++s) unit0[s + 1] = unit0[s] + as[s].n_rows * as[s].n_head_kv;
+  const int units = unit0[n_seq];
+  // Unit u -> (sequence, row, KV head).
+  auto locate = [&](int u, int *s, int *r, int *g) {
+    // The last sequence whose first unit is <= u: it has units (u < units).
+    const int q = int(std::upper_bound(unit0.begin(), unit0.end(), u) - unit0.begin()) - 1;
+    *s = q;
+    *r = (u - unit0[q]) / as[q].n_head_kv;
+    *g = (u - unit0[q]) % as[q].n_head_kv;
+  };
   if (units >= 2 * pool.n_threads()) {
     pool.run(units, [&](int task, int) {
-      thread_local std::vector<float> buf;
-      if (buf.size() < 2 * state_floats) buf.resize(2 * state_floats);
-      const int r = task / a.n_head_kv, g = task % a.n_head_kv;
-      int64_t lo, hi;
-      visible(a, r, &lo, &hi);
-      AttnState st = view(buf.data()), part = view(buf.data() + state_floats);
-      for (int64_t c = lo / kAttnChunk; c <= hi / kAttnChunk; ++c) {
-        const int64_t c_lo = std::max(lo, c * kAttnChunk), c_hi = std::min(hi, c * kAttnChunk + kAttnChunk - 1);
-        if (c == lo / kAttnChunk) {
-          chunk(a, r, g, c_lo, c_hi, st.m, st.l, st.acc);
-        } else {
-          chunk(a, r, g, c_lo, c_hi, part.m, part.l, part.acc);
-          merge_state(st, part, group, D);
-        }
-      }
-      finish_state(st, a, r, g, group);
+      int s, r, g;
+      locate(task, &s, &r, &g);
+      attention_unit(chunk, as[s], r, g);
     });
     return;
   }
-  // Few queries (decode): one task per (query, KV head, chunk), then the merges.
-  std::vector<int64_t> first(units + 1, 0);
+  auto view = [&](float *base) { return AttnState{base, base + group, base + 2 * group}; };
+  std::vector<int64_t> &first = t_attn_first;  // [units + 1]: first chunk task of each unit
+  first.assign(size_t(units) + 1, 0);
   for (int u = 0; u < units; ++u) {
+    int s, r, g;
+    locate(u, &s, &r, &g);
     int64_t lo, hi;
-    visible(a, u / a.n_head_kv, &lo, &hi);
+    visible(as[s], r, &lo, &hi);
     first[u + 1] = first[u] + (hi / kAttnChunk - lo / kAttnChunk + 1);
   }
   std::vector<float> &parts = t_attn_scratch;
   if (parts.size() < size_t(first[units]) * state_floats) parts.resize(size_t(first[units]) * state_floats);
   pool.run(static_cast<int>(first[units]), [&](int task, int) {
     const int u = int(std::upper_bound(first.begin(), first.end(), int64_t(task)) - first.begin()) - 1;
-    const int r = u / a.n_head_kv, g = u % a.n_head_kv;
+    int s, r, g;
+    locate(u, &s, &r, &g);
     int64_t lo, hi;
-    visible(a, r, &lo, &hi);
+    visible(as[s], r, &lo, &hi);
     const int64_t c = lo / kAttnChunk + (task - first[u]);
     const int64_t c_lo = std::max(lo, c * kAttnChunk), c_hi = std::min(hi, c * kAttnChunk + kAttnChunk - 1);
     AttnState p = view(parts.data() + size_t(task) * state_floats);
-    chunk(a, r, g, c_lo, c_hi, p.m, p.l, p.acc);
+    chunk(as[s], r, g, c_lo, c_hi, p.m, p.l, p.acc);
   });
   pool.run(units, [&](int u, int) {
+    int s, r, g;
+    locate(u, &s, &r, &g);
     AttnState st = view(parts.data() + size_t(first[u]) * state_floats);
     for (int64_t t = first[u] + 1; t < first[u + 1]; ++t) {
       merge_state(st, view(parts.data() + size_t(t) * state_floats), group, D);
     }
-    finish_state(st, a, u / a.n_head_kv, u % a.n_head_kv, group);
+    finish_state(st, as[s], r, g, group);
   });
 }
 
@@ -596,15 +671,27 @@ void attention_tiled(AttnChunkFn chunk, const AttentionArgs &a, ThreadPool &pool
 
 void attention(const AttentionArgs &a, ThreadPool &pool) { attention_on_tier(active_isa(), a, pool); }
 
-void attention_on_tier(Isa isa, const AttentionArgs &a, ThreadPool &pool) {
-  GEIST_CHECK((a.k_type != KvType::Q8_0 && a.v_type != KvType::Q8_0) || a.head_dim % 32 == 0,
-              "q8_0 KV needs head_dim a multiple of 32");
+void attention_on_tier(Isa isa, const AttentionArgs &a, ThreadPool &pool) { attention_seqs_on_tier(isa, &a, 1, pool); }
+
+void attention_seqs(const AttentionArgs *as, int n_seq, ThreadPool &pool) {
+  attention_seqs_on_tier(active_isa(), as, n_seq, pool);
+}
+
+void attention_seqs_on_tier(Isa isa, const AttentionArgs *as, int n_seq, ThreadPool &pool) {
+  if (n_seq <= 0) return;
+  const AttentionArgs &a = as[0];
+  for (int s = 0; s < n_seq; ++s) {
+    GEIST_CHECK((as[s].k_type != KvType::Q8_0 && as[s].v_type != KvType::Q8_0) || as[s].head_dim % 32 == 0,
+                "q8_0 KV needs head_dim a multiple of 32");
+    GEIST_CHECK(as[s].n_head == a.n_head && as[s].n_head_kv == a.n_head_kv && as[s].head_dim == a.head_dim,
+                "attention over sequences of different head geometry");
+  }
   const TierKernels *tk = isa_supported(isa) ? tier_kernels(isa) : nullptr;
   if (!tk || !tk->attn_chunk || a.head_dim % tk->lanes != 0) {
-    attention_generic(a, pool);
+    for (int s = 0; s < n_seq; ++s) attention_generic(as[s], pool);
     return;
   }
-  attention_tiled(tk->attn_chunk, a, pool);
+  attention_tiled(tk->attn_chunk, as, n_seq, pool);
 }
 
 }  // namespace geist::cpu

@@ -131,5 +131,10 @@ struct AttentionArgs {
 void attention(const AttentionArgs &a, ThreadPool &pool);
 // The same on a given tier (tests); the generic path where the tier cannot run.
 void attention_on_tier(Isa isa, const AttentionArgs &a, ThreadPool &pool);
+// The attention of n_seq sequences (the same n_head, n_head_kv, head_dim; each its own
+// queries, ring, positions and KV types) in at most two pool runs instead of two each:
+// every query's result has the same bits as attention() over its sequence alone.
+void attention_seqs(const AttentionArgs *as, int n_seq, ThreadPool &pool);
+void attention_seqs_on_tier(Isa isa, const AttentionArgs *as, int n_seq, ThreadPool &pool);
 
 }  // namespace geist::cpu

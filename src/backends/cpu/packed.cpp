@@ -1,5 +1,7 @@
 #include "backends/cpu/packed.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -247,7 +249,20 @@ void pack_group(GgmlType t, const uint8_t *rows, size_t row_bytes, int n_rows, i
 void PackedStore::Free::operator()(uint8_t *p) const { std::free(p); }
 
 uint8_t *PackedStore::allocate(size_t bytes) {
-  void *p = std::aligned_alloc(64, round64(bytes ? bytes : 64));
+  // Matrices of a few MiB and more (an output head is ~180 MiB) go on 2 MiB pages where
+  // the kernel grants them (transparent huge pages in `madvise` mode): a GEMM streams the
+  // whole matrix, and 4 KiB pages cost a TLB miss every 4 KiB of it.
+  constexpr size_t kHuge = size_t(2) << 20;
+  void *p;
+  if (bytes >= 2 * kHuge) {
+    const size_t n = (bytes + kHuge - 1) / kHuge * kHuge;
+    p = std::aligned_alloc(kHuge, n);
+#if defined(MADV_HUGEPAGE)
+    if (p) madvise(p, n, MADV_HUGEPAGE);  // advice only: failure leaves 4 KiB pages
+#endif
+  } else {
+    p = std::aligned_alloc(64, round64(bytes ? bytes : 64));
+  }
   if (!p) throw std::bad_alloc();
   blocks_.emplace_back(static_cast<uint8_t *>(p));
   bytes_ += bytes;

@@ -8,6 +8,9 @@
 // value Q8_0's packed u8 quants carry over the signed weight (128 where the kernel
 // multiplies u8 x s8, 0 where S::dp_q8 undoes the offset itself).
 //
+// The loops over the k-groups of a block are unrolled (#pragma GCC unroll): rolled, GCC
+// rotates the R accumulators through copies and spills the weight vector every step.
+//
 // The arithmetic is quant/dot.h's, per output element: for each block the exact integer
 // sum, then  acc += (d_w * d_x) * isum  (and  - (dmin_w * d_x) * msum  for mins), in
 // block order, in f32 without contraction.
@@ -27,6 +30,17 @@ struct Kernels {
     int32_t v;
     std::memcpy(&v, p, 4);
     return v;
+  }
+
+  // Part i of n of the group at pf (group_bytes long) into L1, a cache line at a time:
+  // while a tile works through the blocks of one group, the next group arrives, a part per
+  // block. The hardware prefetchers alone leave a tile of several rows waiting on memory
+  // for each group (weights stream from L3 or DRAM: the whole model does not fit in L2).
+  // pf = nullptr: nothing (a prefetch never faults, but only one tile per group issues it).
+  static void prefetch_part(const uint8_t *pf, size_t group_bytes, int64_t i, int64_t n) {
+    if (!pf) return;
+    const size_t lo = group_bytes * size_t(i) / size_t(n), hi = group_bytes * size_t(i + 1) / size_t(n);
+    for (size_t o = lo & ~size_t(63); o < hi; o += 64) __builtin_prefetch(pf + o, 0, 3);
   }
 
   // --- 32-element block formats (Q8_0, Q4_0, Q5_0) ---
@@ -62,16 +76,19 @@ struct Kernels {
   }
 
   template <quant::GgmlType T, int R>
-  static void tile_q32(const uint8_t *grp, int64_t nb, const GemmArgs &a, int r0, int h, float *y, int n_valid) {
+  static void tile_q32(const uint8_t *grp, int64_t nb, const GemmArgs &a, int r0, int h, float *y, int n_valid,
+                       const uint8_t *pf) {
     constexpr int per = per_block<T>();
     const uint8_t *scales = grp + nb * per;
     const int64_t K = a.K;
     F acc[R];
     for (int r = 0; r < R; ++r) acc[r] = S::fzero();
     for (int64_t b = 0; b < nb; ++b) {
+      prefetch_part(pf, a.group_bytes, b, nb);
       const uint8_t *q = grp + b * per;
       I isum[R];
       for (int r = 0; r < R; ++r) isum[r] = S::set1(-offset<T>() * a.xs32[(r0 + r) * (K / 32) + b]);
+      #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
         const I w = wvec<T>(q, j, h);
         for (int r = 0; r < R; ++r) {
@@ -94,7 +111,8 @@ struct Kernels {
 
   // --- Q4_K / Q5_K ---
   template <quant::GgmlType T, int R>
-  static void tile_q45k(const uint8_t *grp, int64_t nsb, const GemmArgs &a, int r0, int h, float *y, int n_valid) {
+  static void tile_q45k(const uint8_t *grp, int64_t nsb, const GemmArgs &a, int r0, int h, float *y, int n_valid,
+                        const uint8_t *pf) {
     constexpr bool q5 = T == quant::GgmlType::Q5_K;
     constexpr size_t sb_bytes = q5 ? 3008 : 2496;
     constexpr size_t off = q5 ? 2560 : 2048;
@@ -102,6 +120,7 @@ struct Kernels {
     F acc[R];
     for (int r = 0; r < R; ++r) acc[r] = S::fzero();
     for (int64_t s = 0; s < nsb; ++s) {
+      prefetch_part(pf, a.group_bytes, s, nsb);
       const uint8_t *o = grp + s * sb_bytes;
       I isum[R];
       for (int r = 0; r < R; ++r) isum[r] = S::zero();
@@ -109,6 +128,7 @@ struct Kernels {
         const uint8_t *q = o + 256 * t;
         I p[R];
         for (int r = 0; r < R; ++r) p[r] = S::zero();
+        #pragma GCC unroll 8
         for (int j = 0; j < 8; ++j) {
           const I w = nibbles(q, q5 ? o + 2048 + 64 * t : nullptr, j, h);
           for (int r = 0; r < R; ++r) p[r] = S::dp(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * t + 4 * j));
@@ -135,11 +155,13 @@ struct Kernels {
 
   // --- Q6_K ---
   template <int R>
-  static void tile_q6k(const uint8_t *grp, int64_t nsb, const GemmArgs &a, int r0, int h, float *y, int n_valid) {
+  static void tile_q6k(const uint8_t *grp, int64_t nsb, const GemmArgs &a, int r0, int h, float *y, int n_valid,
+                       const uint8_t *pf) {
     const int64_t K = a.K;
     F acc[R];
     for (int r = 0; r < R; ++r) acc[r] = S::fzero();
     for (int64_t s = 0; s < nsb; ++s) {
+      prefetch_part(pf, a.group_bytes, s, nsb);
       const uint8_t *o = grp + s * 3392;
       I isum[R];
       for (int r = 0; r < R; ++r) isum[r] = S::zero();
@@ -147,10 +169,12 @@ struct Kernels {
         const uint8_t *q = o + 256 * c;
         const I hv0 = S::load(o + 2048 + 128 * c + 32 * h);
         const I hv1 = S::load(o + 2048 + 128 * c + 64 + 32 * h);
+        #pragma GCC unroll 2
         for (int u = 0; u < 2; ++u) {  // the chunk's two 16-element sub-blocks
           const int sub = 2 * c + u;
           I p[R];
           for (int r = 0; r < R; ++r) p[r] = S::set1(-32 * a.xs16[(r0 + r) * (K / 16) + 16 * s + sub]);
+          #pragma GCC unroll 8
           for (int jj = 0; jj < 4; ++jj) {
             const int j = 4 * u + jj;
             const I v = S::load(q + 64 * (j & 3) + 32 * h);
@@ -179,29 +203,30 @@ struct Kernels {
   }
 
   // One tile of R rows of group g, half h.
+  // pf: the group to prefetch while this tile runs (prefetch_part), or nullptr.
   template <quant::GgmlType T, int R>
-  static void tile(const GemmArgs &a, int64_t g, int r0, int h) {
+  static void tile(const GemmArgs &a, int64_t g, int r0, int h, const uint8_t *pf) {
     const uint8_t *grp = a.w + g * a.group_bytes;
     const int64_t n0 = g * 16 + int64_t(h) * L;
     const int n_valid = int(std::min<int64_t>(L, a.n_out - n0));
     if (n_valid <= 0) return;
     float *y = a.y + int64_t(r0) * a.ldy + n0;
     if constexpr (T == quant::GgmlType::Q6_K) {
-      tile_q6k<R>(grp, a.K / 256, a, r0, h, y, n_valid);
+      tile_q6k<R>(grp, a.K / 256, a, r0, h, y, n_valid, pf);
     } else if constexpr (T == quant::GgmlType::Q4_K || T == quant::GgmlType::Q5_K) {
-      tile_q45k<T, R>(grp, a.K / 256, a, r0, h, y, n_valid);
+      tile_q45k<T, R>(grp, a.K / 256, a, r0, h, y, n_valid, pf);
     } else {
-      tile_q32<T, R>(grp, a.K / 32, a, r0, h, y, n_valid);
+      tile_q32<T, R>(grp, a.K / 32, a, r0, h, y, n_valid, pf);
     }
   }
 
   template <quant::GgmlType T, int R>
-  static void tail(const GemmArgs &a, int64_t g, int r0, int h, int rem) {
+  static void tail(const GemmArgs &a, int64_t g, int r0, int h, int rem, const uint8_t *pf) {
     if constexpr (R > 0) {
       if (rem == R) {
-        tile<T, R>(a, g, r0, h);
+        tile<T, R>(a, g, r0, h, pf);
       } else {
-        tail<T, R - 1>(a, g, r0, h, rem);
+        tail<T, R - 1>(a, g, r0, h, rem, pf);
       }
     }
   }
@@ -216,10 +241,16 @@ struct Kernels {
     for (int rb = 0; rb < a.n_rows; rb += kRowBlock) {
       const int re = std::min(a.n_rows, rb + kRowBlock);
       for (int64_t g = g0; g < g1; ++g) {
+        // The first tile of the group fetches the next group of the task (of the next row
+        // block's first group at the end), which the first tile of the next group reads.
+        const uint8_t *next = g + 1 < g1 ? a.w + (g + 1) * a.group_bytes
+                                         : (re < a.n_rows ? a.w + g0 * a.group_bytes : nullptr);
         for (int h = 0; h < 16 / L; ++h) {
           int r0 = rb;
-          for (; r0 + RT <= re; r0 += RT) tile<T, RT>(a, g, r0, h);
-          if (r0 < re) tail<T, RT - 1>(a, g, r0, h, re - r0);
+          for (; r0 + RT <= re; r0 += RT) {
+            tile<T, RT>(a, g, r0, h, h == 0 && r0 == rb ? next : nullptr);
+          }
+          if (r0 < re) tail<T, RT - 1>(a, g, r0, h, re - r0, h == 0 && r0 == rb ? next : nullptr);
         }
       }
     }
