@@ -309,8 +309,10 @@ namespace {
 // order exactly as a loop over that vector alone adds it; the kVec sums are independent,
 // so the adds of different vectors overlap instead of waiting on each other's latency
 // (the compiler may put them in the lanes of one register: same order per lane).
+// (A template inlined into one cloned function per count: clang does not multiversion
+// function templates.)
 template <int kVec>
-GEIST_CPU_CLONES void sum_squares(const float *x, int64_t dim, double *ss) {
+inline __attribute__((always_inline)) void sum_squares_n(const float *x, int64_t dim, double *ss) {
   double s[kVec] = {};
   for (int64_t i = 0; i < dim; ++i) {
     for (int v = 0; v < kVec; ++v) {
@@ -320,6 +322,10 @@ GEIST_CPU_CLONES void sum_squares(const float *x, int64_t dim, double *ss) {
   }
   for (int v = 0; v < kVec; ++v) ss[v] = s[v];
 }
+GEIST_CPU_CLONES void sum_squares8(const float *x, int64_t dim, double *ss) { sum_squares_n<8>(x, dim, ss); }
+GEIST_CPU_CLONES void sum_squares4(const float *x, int64_t dim, double *ss) { sum_squares_n<4>(x, dim, ss); }
+GEIST_CPU_CLONES void sum_squares2(const float *x, int64_t dim, double *ss) { sum_squares_n<2>(x, dim, ss); }
+GEIST_CPU_CLONES void sum_squares1(const float *x, int64_t dim, double *ss) { sum_squares_n<1>(x, dim, ss); }
 
 }  // namespace
 
@@ -333,16 +339,16 @@ void rmsnorm_to(const float *x, const float *g, float *out, int64_t n_vec, int64
     for (int b = 0; b < nb;) {  // 8 vectors at a time, a tail in 4, 2, 1
       const int left = nb - b;
       if (left >= 8) {
-        sum_squares<8>(xb + b * dim, dim, ss + b);
+        sum_squares8(xb + b * dim, dim, ss + b);
         b += 8;
       } else if (left >= 4) {
-        sum_squares<4>(xb + b * dim, dim, ss + b);
+        sum_squares4(xb + b * dim, dim, ss + b);
         b += 4;
       } else if (left >= 2) {
-        sum_squares<2>(xb + b * dim, dim, ss + b);
+        sum_squares2(xb + b * dim, dim, ss + b);
         b += 2;
       } else {
-        sum_squares<1>(xb + b * dim, dim, ss + b);
+        sum_squares1(xb + b * dim, dim, ss + b);
         b += 1;
       }
     }
