@@ -343,7 +343,7 @@ CUDA_TEST(CudaOps, MatmulEveryTypeBitExact) {
 }
 
 // The K-quant matrix-vector kernel with 2, 4 and 8 warps per output (matrices with few
-// outputs; long rows: 14, 40 and 130 super-blocks, the last past the split's 128) and
+// outputs; long rows: 13, 14, 40 and 130 super-blocks, the last past the split's 128) and
 // 1-2 rows, as a single matrix and as a set of three: bit-exact against the CPU oracle.
 CUDA_TEST(CudaOps, MatvecSplitBitExact) {
   REQUIRE_CUDA();
@@ -352,7 +352,7 @@ CUDA_TEST(CudaOps, MatvecSplitBitExact) {
   ActModeScope scope(cpu::ActivationMode::Q8);
   const int64_t kN = 67;
   for (GgmlType t : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
-    for (int64_t k : {int64_t(256) * 14, int64_t(256) * 40, int64_t(256) * 130}) {
+    for (int64_t k : {int64_t(256) * 13, int64_t(256) * 14, int64_t(256) * 40, int64_t(256) * 130}) {
       SCOPED_TRACE(std::string(quant::type_name(t)) + " K=" + std::to_string(k));
       const std::vector<uint8_t> w = random_matrix(t, k, kN, rng);
       const std::vector<float> x = random_acts(2, k, rng);
@@ -459,6 +459,30 @@ CUDA_TEST(CudaOps, EmbedEveryTypeBitExact) {
     const std::vector<float> got = dout.get<float>(want.size());
     st.add(got.data(), want.data(), got.size());
     EXPECT_TRUE(bits_equal(got.data(), want.data(), want.size())) << quant::type_name(t);
+  }
+}
+
+// Every f16 bit pattern through the device's f16 -> f32 conversion (an F16 embedding row
+// gathered with scale 1): quant::fp16_to_fp32's bits, subnormals, zeros and infinities
+// included. NaN patterns are left out (multiplying by the scale may quiet their payload).
+CUDA_TEST(CudaOps, Fp16ToFp32EveryPattern) {
+  REQUIRE_CUDA();
+  const int64_t k = 65536;
+  std::vector<uint16_t> row(k);
+  for (int64_t i = 0; i < k; ++i) {
+    const uint16_t h = uint16_t(i);
+    row[i] = ((h & 0x7C00u) == 0x7C00u && (h & 0x3FFu) != 0) ? uint16_t(0) : h;
+  }
+  std::vector<uint8_t> w(k * 2);
+  std::memcpy(w.data(), row.data(), w.size());
+  std::vector<float> want(k);
+  for (int64_t i = 0; i < k; ++i) want[i] = quant::fp16_to_fp32(row[i]) * 1.0f;
+  const std::vector<int32_t> ids = {0};
+  DevBuf dw(w), di(ids), dout(k * 4);
+  CU_OK(cu::embed(dev_matrix(dw, GgmlType::F16, k, 1), di.as<int32_t>(), 1, 1.0f, dout.as<float>(), cuda_env().s));
+  const std::vector<float> got = dout.get<float>(k);
+  for (int64_t i = 0; i < k; ++i) {
+    ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << "f16 bits 0x" << std::hex << row[i];
   }
 }
 
@@ -1012,6 +1036,78 @@ CUDA_TEST(CudaOps, DISABLED_Perf) {
   std::printf("PERF rmsnorm 512 x 2560: %.3f ms\n", ms);
   const double ms1 = time_ms([&] { (void)cu::rmsnorm(xn.as<float>(), nullptr, xn.as<float>(), 1, 2560, 1e-6f, s); }, 20);
   std::printf("PERF rmsnorm 1 x 2560: %.4f ms\n", ms1);
+}
+
+// Decode-shaped matmuls as a model's step runs them (--gtest_filter='*PerfDecode'
+// --gtest_also_run_disabled_tests): 32 calls, each on its own copy of the weights (so they
+// come from HBM, not the 50 MB L2), captured in one graph (launched with programmatic
+// dependent launch, as the session's graphs are) and replayed; microseconds and GB/s of
+// weights per call. Beside each, the ceiling at that size: a graph of 32 device-to-device
+// copies of the same bytes (GB/s counts read + write).
+CUDA_TEST(CudaOps, DISABLED_PerfDecode) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(5);
+  cu::CudaStream s = cuda_env().s;
+  constexpr int kCalls = 32;
+  DevBuf dx(random_acts(8, 10240, rng)), dy(size_t(8) * 10240 * 4 * 2);
+  struct Shape {
+    GgmlType t;
+    int64_t k, n;
+    int n_mat;  // matrices per call (gate and up together, as the model calls them)
+    const char *what;
+  };
+  const Shape shapes[] = {{GgmlType::Q4_K, 2560, 10240, 2, "E4B gate+up"}, {GgmlType::Q4_K, 2560, 10240, 1, "E4B gate"},
+                          {GgmlType::Q4_K, 10240, 2560, 1, "E4B down"},    {GgmlType::Q6_K, 10240, 2560, 1, "E4B down"},
+                          {GgmlType::Q6_K, 2560, 10240, 1, "Q6_K up"},     {GgmlType::Q4_K, 2560, 2048, 1, "E4B q"},
+                          {GgmlType::Q4_K, 2048, 2560, 1, "E4B o"},        {GgmlType::Q4_K, 2560, 512, 1, "E4B k"},
+                          {GgmlType::Q6_K, 2560, 512, 1, "E4B v"},         {GgmlType::Q8_0, 640, 2048, 1, "270M up"},
+                          {GgmlType::BF16, 2560, 256, 1, "E4B ple gate"},  {GgmlType::BF16, 256, 2560, 1, "E4B ple proj"},
+                          {GgmlType::BF16, 2560, 10752, 1, "E4B ple model"}};
+  auto time_graph = [&](auto &&body) {
+    double best = -1;
+    if (!cu::graph_capture_begin(s)) return best;
+    body();
+    auto g = cu::graph_capture_end(s);
+    if (!g) return best;
+    std::vector<double> v;
+    for (int rep = 0; rep < 7; ++rep) {
+      v.push_back(time_ms([&] { (void)cu::graph_launch(*g, s); }, 5));
+    }
+    cu::graph_destroy(*g);
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  for (const Shape &sh : shapes) {
+    const std::vector<uint8_t> w1 = random_matrix(sh.t, sh.k, sh.n, rng);
+    const size_t per_call = w1.size() * size_t(sh.n_mat);
+    std::vector<uint8_t> w;
+    for (int c = 0; c < kCalls * sh.n_mat; ++c) w.insert(w.end(), w1.begin(), w1.end());
+    DevBuf dw(w), dcopy(per_call);
+    const double copy_ms = time_graph([&] {
+      for (int c = 0; c < kCalls; ++c) (void)cu::copy_async(dcopy.as(), dw.as<uint8_t>() + size_t(c) * per_call, per_call, s);
+    });
+    std::printf("PERF decode %-12s %-5s %5lldx%-6lld x%d  copy %7.2f us %7.1f GB/s\n", sh.what, quant::type_name(sh.t),
+                (long long)sh.k, (long long)sh.n, sh.n_mat, 1e3 * copy_ms / kCalls,
+                2.0 * per_call * kCalls / (copy_ms * 1e6));
+    const cu::DevMatrix m0 = dev_matrix(dw, sh.t, sh.k, sh.n);
+    DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m0, 8)));
+    for (int rows : {1, 2, 4, 8}) {
+      const double ms = time_graph([&] {
+        for (int c = 0; c < kCalls; ++c) {
+          cu::DevMatrix ms_[2];
+          float *ys[2];
+          for (int j = 0; j < sh.n_mat; ++j) {
+            ms_[j] = m0;
+            ms_[j].data += size_t(c * sh.n_mat + j) * w1.size();
+            ys[j] = dy.as<float>() + size_t(j) * 8 * sh.n;
+          }
+          (void)cu::matmul_n(ms_, ys, sh.n_mat, dx.as<float>(), rows, cu::ActMode::Q8, scratch.as(), s);
+        }
+      });
+      std::printf("PERF decode %-12s %-5s rows %d: %7.2f us/call %7.1f GB/s weights\n", sh.what, quant::type_name(sh.t),
+                  rows, 1e3 * ms / kCalls, double(per_call) * kCalls / (ms * 1e6));
+    }
+  }
 }
 
 // Attention timings alone (--gtest_filter='*PerfAttention' --gtest_also_run_disabled_tests).

@@ -4,6 +4,7 @@
 // operation for operation; the library is built with -fmad=false so none is fused.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -90,33 +91,37 @@ __device__ __forceinline__ void prefetch_lines(const void *p, size_t n, int i, i
   }
 }
 
+// Asynchronous copies global -> shared (sm_80 and later): U = 4 or 16 bytes, both addresses
+// aligned to U. A thread's copies since its last commit form a group; wait<N> returns once
+// at most N of its groups are still in flight. Other threads see the bytes after a barrier.
+template <int U>
+__device__ __forceinline__ void cp_async(uint32_t dst_shared, const void *src) {
+  static_assert(U == 4 || U == 16, "cp.async copies 4, 8 or 16 bytes; these kernels use 4 and 16");
+  if constexpr (U == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst_shared), "l"(src) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst_shared), "l"(src) : "memory");
+  }
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // Unaligned little-endian loads: block fields are not aligned in general.
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t *p) { return uint32_t(p[0]) | (uint32_t(p[1]) << 8); }
 __device__ __forceinline__ uint32_t ld_u32(const uint8_t *p) {
   return uint32_t(p[0]) | (uint32_t(p[1]) << 8) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 24);
 }
 
-// quant::fp16_to_fp32, bit for bit (NaN payloads included).
+// quant::fp16_to_fp32, bit for bit (NaN payloads included). Every finite f16 (subnormals
+// too) and both infinities are exact in f32, so the hardware conversion gives the same bits
+// for them; NaNs take the bit formula, which keeps the payload. (CudaOps.Fp16ToFp32EveryPattern
+// checks all 65536 patterns but the NaNs against the CPU.)
 __device__ __forceinline__ float fp16_to_fp32(uint32_t h) {
-  const uint32_t sign = (h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1Fu;
-  uint32_t mant = h & 0x3FFu;
-  uint32_t bits;
-  if (exp == 0x1F) {
-    bits = sign | 0x7F800000u | (mant << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    bits = sign;
-  } else {
-    int32_t e = 113;
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      --e;
-    }
-    bits = sign | (uint32_t(e) << 23) | ((mant & 0x3FFu) << 13);
-  }
-  return __uint_as_float(bits);
+  if ((h & 0x7C00u) != 0x7C00u || (h & 0x3FFu) == 0) return __half2float(__ushort_as_half(uint16_t(h)));
+  return __uint_as_float(((h & 0x8000u) << 16) | 0x7F800000u | ((h & 0x3FFu) << 13));
 }
 
 __device__ __forceinline__ uint32_t shift_round_even(uint32_t m, int shift) {
