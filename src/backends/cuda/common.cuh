@@ -91,24 +91,6 @@ __device__ __forceinline__ void prefetch_lines(const void *p, size_t n, int i, i
   }
 }
 
-// Asynchronous copies global -> shared (sm_80 and later): U = 4 or 16 bytes, both addresses
-// aligned to U. A thread's copies since its last commit form a group; wait<N> returns once
-// at most N of its groups are still in flight. Other threads see the bytes after a barrier.
-template <int U>
-__device__ __forceinline__ void cp_async(uint32_t dst_shared, const void *src) {
-  static_assert(U == 4 || U == 16, "cp.async copies 4, 8 or 16 bytes; these kernels use 4 and 16");
-  if constexpr (U == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst_shared), "l"(src) : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst_shared), "l"(src) : "memory");
-  }
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // Unaligned little-endian loads: block fields are not aligned in general.
 __device__ __forceinline__ uint32_t ld_u16(const uint8_t *p) { return uint32_t(p[0]) | (uint32_t(p[1]) << 8); }
 __device__ __forceinline__ uint32_t ld_u32(const uint8_t *p) {
