@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
-// ---- Q8 matrix-vector for the 32-element block types (Q4_0, Q5_0, Q8_0), 1-2 rows ------------
+// ---- Q8 matrix-vector for the 32-element block types (Q4_0, Q5_0, Q8_0), 1-8 rows ------------
 // matmul_q8_kernel's arithmetic with the blocks spread over the warp: 4 lanes per block (8
 // elements each), 8 blocks per step; a block's integer sums meet by two shuffles within its
 // lanes (exact in any order), then every lane adds the step's 8 f32 block terms in block
@@ -629,21 +629,30 @@ Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode 
     matmul_kquant(w, xq, xd, y, n_rows, s);
     return launch_status("cuda::matmul (k-quant)");
   }
-  if (q32_mma_type(w.type) && n_rows > 2 && kquant_mma_min_rows() < (1 << 30) && !reference_kernels()) {
+  // Q4_0/Q5_0/Q8_0: the matrix-vector kernel for 1-2 rows, and up to 8 where the MMA
+  // kernel's 64 x 64 tiles would not give every SM one (the 270M's 640-wide matrices: 4 rows
+  // took 23.5 us in 32 tiles of 2048 outputs, 2 rows 4.6 us); else the MMA kernel.
+  const bool q32_matvec = n_rows <= 2 || (n_rows <= 8 && (w.n_out + 63) / 64 < device_sm_count());
+  if (q32_mma_type(w.type) && !q32_matvec && kquant_mma_min_rows() < (1 << 30) && !reference_kernels()) {
     matmul_q32_mma(w, xq, xd, y, n_rows, s);
     return launch_status("cuda::matmul (q32 mma)");
   }
   dispatch_q8(w.type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
     if constexpr (dev::BlockInfo<T>::kBlock == 32) {
-      if (n_rows <= 2 && !reference_kernels()) {
+      if (q32_matvec && !reference_kernels()) {
         const dim3 g(unsigned((w.n_out + kMvq32Warps - 1) / kMvq32Warps));
+        auto go = [&](auto kernel) {
+          launch(kernel, g, kMvq32Warps * 32, s, w.data, w.row_bytes, K, w.n_out, xq, xd, y, n_rows, prefetch_mode());
+        };
         if (n_rows == 1) {
-          launch(matvec_q32_kernel<T, 1>, g, kMvq32Warps * 32, s, w.data, w.row_bytes, K, w.n_out, xq, xd, y, n_rows,
-                 prefetch_mode());
+          go(matvec_q32_kernel<T, 1>);
+        } else if (n_rows == 2) {
+          go(matvec_q32_kernel<T, 2>);
+        } else if (n_rows <= 4) {
+          go(matvec_q32_kernel<T, 4>);
         } else {
-          launch(matvec_q32_kernel<T, 2>, g, kMvq32Warps * 32, s, w.data, w.row_bytes, K, w.n_out, xq, xd, y, n_rows,
-                 prefetch_mode());
+          go(matvec_q32_kernel<T, 8>);
         }
         return;
       }

@@ -999,9 +999,7 @@ int kquant_mma_min_rows() {
   return v;
 }
 
-namespace {
-// Multiprocessors of the current device (read once; 1 if unknown).
-int sm_count() {
+int device_sm_count() {
   static const int v = [] {
     int dev = 0, n = 0;
     if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
@@ -1012,6 +1010,7 @@ int sm_count() {
   return v;
 }
 
+namespace {
 int env_rows(const char *name, int dflt) {
   const char *e = std::getenv(name);
   if (e == nullptr || *e == '\0') return dflt;
@@ -1045,7 +1044,7 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
       if (n_rows <= kquant_matvec_max_rows()) return false;
       if (n_rows <= kquant_skinny_max_rows()) return true;
       const int64_t tiles = (wm.n_out + kTile - 1) / kTile * ((n_rows + kTile - 1) / kTile);
-      return n_rows <= 2 * kquant_skinny_max_rows() && n_rows <= 128 && tiles < sm_count();
+      return n_rows <= 2 * kquant_skinny_max_rows() && n_rows <= 128 && tiles < device_sm_count();
     };
     bool all_skinny = mma;
     for (int m = 0; all_skinny && m < n_mat; ++m) all_skinny = skinny(ws[m]);

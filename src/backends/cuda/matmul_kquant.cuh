@@ -28,6 +28,8 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
 // 32-element block is exact, its f32 term is added in block order). Needs sm_80
 // (kquant_mma_min_rows() < 2^30).
 bool q32_mma_type(quant::GgmlType t);
+// Multiprocessors of the current device (read once; 1 if unknown).
+int device_sm_count();
 void matmul_q32_mma(const DevMatrix &w, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s);
 
 }  // namespace geist::cuda
