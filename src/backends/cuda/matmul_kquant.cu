@@ -175,19 +175,14 @@ struct MvSet {
 // row) adds the terms in block order. The same terms added in the same order as P = 1.
 constexpr int kMvSplitMaxBlocks = 128;  // super-blocks per row (K <= 32768) for P > 1
 
-// L lanes per super-block (8 or 4): a lane unpacks 8 / L pieces, and a step covers 32 / L
-// super-blocks. With L = 4 a warp-step does half the shuffles per byte (two levels of
-// reduction instead of three, over twice the elements); the integer sums are the same
-// (exact in any order), the f32 terms are added in the same block order.
-template <GgmlType T, int R, int P, int L = 8>
+template <GgmlType T, int R, int P>
 __global__ void __launch_bounds__(kMvWarps * 32)
     matvec_kernel(MvSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd, int n_rows) {
-  using KL = KQ<T>;
+  using L = KQ<T>;
   static_assert(P == 1 || R <= 2, "the split kernel keeps 2 rows of terms");
-  static_assert(L == 8 || L == 4, "8 or 4 lanes per super-block");
-  constexpr int kSegBytes = 32 / KL::kSegs, kOuts = kMvWarps / P, kBps = 32 / L, kPieces = 8 / L;
+  constexpr int kSegBytes = 32 / L::kSegs, kOuts = kMvWarps / P;
   __shared__ float terms[P > 1 ? kOuts * R * kMvSplitMaxBlocks : 1];
-  const int lane = threadIdx.x % 32, g = lane / L, t = lane % L;
+  const int lane = threadIdx.x % 32, g = lane / 8, t = lane % 8;
   const int warp = threadIdx.x / 32, part = warp % P;
   const int64_t gw = int64_t(blockIdx.x) * kOuts + warp / P;  // the output, over the set
   const bool active = gw < set.first[set.n];
@@ -203,7 +198,7 @@ __global__ void __launch_bounds__(kMvWarps * 32)
   float sum[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) sum[r] = 0.0f;
-  for (int64_t b0 = kBps * part; active && b0 < nb; b0 += kBps * P) {
+  for (int64_t b0 = 4 * part; active && b0 < nb; b0 += 4 * P) {
     const int64_t b = b0 + g;
     const bool live = b < nb;
     int isum[R], msum[R];
@@ -211,52 +206,47 @@ __global__ void __launch_bounds__(kMvWarps * 32)
     for (int r = 0; r < R; ++r) isum[r] = msum[r] = 0;
     float dw = 0.0f, dmin = 0.0f;
     if (live) {
-      const uint8_t *blk = wrow + b * KL::kBytes;
-      dw = dev::fp16_to_fp32(*reinterpret_cast<const uint16_t *>(blk + KL::kDOff));
-      if constexpr (KL::kDminOff >= 0) dmin = dev::fp16_to_fp32(*reinterpret_cast<const uint16_t *>(blk + KL::kDminOff));
+      const uint8_t *blk = wrow + b * L::kBytes;
+      uint32_t q[8];
+      unpack_piece<T>(blk, t, q);
+      dw = dev::fp16_to_fp32(*reinterpret_cast<const uint16_t *>(blk + L::kDOff));
+      if constexpr (L::kDminOff >= 0) dmin = dev::fp16_to_fp32(*reinterpret_cast<const uint16_t *>(blk + L::kDminOff));
 #pragma unroll
-      for (int pc = 0; pc < kPieces; ++pc) {
-        const int piece = t * kPieces + pc;
-        uint32_t q[8];
-        unpack_piece<T>(blk, piece, q);
+      for (int i = 0; i < L::kSegs; ++i) {
+        const int e0 = seg_start<T>(t, i);
+        int sc, mn;
+        sub_scale<T>(blk, e0 / L::kSub, &sc, &mn);
 #pragma unroll
-        for (int i = 0; i < KL::kSegs; ++i) {
-          const int e0 = seg_start<T>(piece, i);
-          int sc, mn;
-          sub_scale<T>(blk, e0 / KL::kSub, &sc, &mn);
-#pragma unroll
-          for (int r = 0; r < R; ++r) {
-            if (r >= n_rows) break;
-            const int8_t *xs = xq + size_t(r) * K + b * 256 + e0;
-            int d = 0, sx = 0;
-            if constexpr (kSegBytes == 16) {
-              const int4 xv = *reinterpret_cast<const int4 *>(xs);
-              d = __dp4a(int(q[4 * i]), xv.x, d);
-              d = __dp4a(int(q[4 * i + 1]), xv.y, d);
-              d = __dp4a(int(q[4 * i + 2]), xv.z, d);
-              d = __dp4a(int(q[4 * i + 3]), xv.w, d);
-              if constexpr (KL::kDminOff >= 0) {
-                sx = __dp4a(0x01010101, xv.x,
-                            __dp4a(0x01010101, xv.y, __dp4a(0x01010101, xv.z, __dp4a(0x01010101, xv.w, 0))));
-              }
-            } else {
-              const int2 xv = *reinterpret_cast<const int2 *>(xs);
-              d = __dp4a(int(q[2 * i]), xv.x, d);
-              d = __dp4a(int(q[2 * i + 1]), xv.y, d);
-              if constexpr (KL::kDminOff >= 0) sx = __dp4a(0x01010101, xv.x, __dp4a(0x01010101, xv.y, 0));
+        for (int r = 0; r < R; ++r) {
+          if (r >= n_rows) break;
+          const int8_t *xs = xq + size_t(r) * K + b * 256 + e0;
+          int d = 0, sx = 0;
+          if constexpr (kSegBytes == 16) {
+            const int4 xv = *reinterpret_cast<const int4 *>(xs);
+            d = __dp4a(int(q[4 * i]), xv.x, d);
+            d = __dp4a(int(q[4 * i + 1]), xv.y, d);
+            d = __dp4a(int(q[4 * i + 2]), xv.z, d);
+            d = __dp4a(int(q[4 * i + 3]), xv.w, d);
+            if constexpr (L::kDminOff >= 0) {
+              sx = __dp4a(0x01010101, xv.x, __dp4a(0x01010101, xv.y, __dp4a(0x01010101, xv.z, __dp4a(0x01010101, xv.w, 0))));
             }
-            isum[r] += sc * d;
-            if constexpr (KL::kDminOff >= 0) msum[r] += mn * sx;
+          } else {
+            const int2 xv = *reinterpret_cast<const int2 *>(xs);
+            d = __dp4a(int(q[2 * i]), xv.x, d);
+            d = __dp4a(int(q[2 * i + 1]), xv.y, d);
+            if constexpr (L::kDminOff >= 0) sx = __dp4a(0x01010101, xv.x, __dp4a(0x01010101, xv.y, 0));
           }
+          isum[r] += sc * d;
+          if constexpr (L::kDminOff >= 0) msum[r] += mn * sx;
         }
       }
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
-      for (int o = L / 2; o >= 1; o /= 2) {
+      for (int o = 4; o >= 1; o /= 2) {
         isum[r] += __shfl_xor_sync(kFull, isum[r], o);
-        if constexpr (KL::kDminOff >= 0) msum[r] += __shfl_xor_sync(kFull, msum[r], o);
+        if constexpr (L::kDminOff >= 0) msum[r] += __shfl_xor_sync(kFull, msum[r], o);
       }
     }
 #pragma unroll
@@ -265,8 +255,8 @@ __global__ void __launch_bounds__(kMvWarps * 32)
       if (live && r < n_rows) v = block_term<T>(dw, dmin, xd[size_t(r) * nb + b], isum[r], msum[r]);
       if constexpr (P == 1) {
 #pragma unroll
-        for (int gg = 0; gg < kBps; ++gg) {
-          const float vg = __shfl_sync(kFull, v, L * gg);
+        for (int gg = 0; gg < 4; ++gg) {
+          const float vg = __shfl_sync(kFull, v, 8 * gg);
           if (b0 + gg < nb) sum[r] = __fadd_rn(sum[r], vg);
         }
       } else {
@@ -290,7 +280,7 @@ __global__ void __launch_bounds__(kMvWarps * 32)
       int mo = 0;
       while (mo + 1 < set.n && go >= set.first[mo + 1]) ++mo;
       float acc = 0.0f;
-      for (int64_t bb = 0; bb < nb; ++bb) acc = __fadd_rn(acc, terms[(o * R + r) * kMvSplitMaxBlocks + bb]);
+      for (int64_t b = 0; b < nb; ++b) acc = __fadd_rn(acc, terms[(o * R + r) * kMvSplitMaxBlocks + b]);
       set.y[mo][size_t(r) * set.n_out[mo] + (go - set.first[mo])] = acc;
     }
   }
@@ -961,50 +951,34 @@ bool dispatch_kquant(GgmlType t, F &&f) {
 // Warps per output of the matrix-vector kernel: 1 where the outputs alone give the device
 // enough warps (8192), else 2, 4 or 8 (at most one 4-block step per warp). GEIST_CUDA_MATVEC_SPLIT=0:
 // always 1 (a knob to compare; the bits are the same).
-int matvec_split(int64_t outputs, int64_t nb, int rows, int bps) {
+int matvec_split(int64_t outputs, int64_t nb, int rows) {
   static const bool on = [] {
     const char *e = std::getenv("GEIST_CUDA_MATVEC_SPLIT");
     return !(e != nullptr && e[0] == '0');
   }();
   if (!on || rows > 2 || nb > kMvSplitMaxBlocks) return 1;
-  const int64_t steps = (nb + bps - 1) / bps;
+  const int64_t steps = (nb + 3) / 4;
   int p = 1;
   while (p < 8 && outputs * p < 8192 && 2 * p <= steps) p *= 2;
   return p;
 }
 
-// Lanes per super-block of the matrix-vector kernel: GEIST_CUDA_MATVEC_LANES=4 or 8 (the
-// default; a knob to compare, the bits are the same).
-int matvec_lanes() {
-  static const int v = [] {
-    const char *e = std::getenv("GEIST_CUDA_MATVEC_LANES");
-    return (e != nullptr && e[0] == '4') ? 4 : 8;
-  }();
-  return v;
-}
-
-template <GgmlType T, int R, int L>
-void launch_matvec_l(const MvSet &set, int64_t K, const int8_t *xq, const float *xd, int n_rows, CudaStream s) {
+template <GgmlType T, int R>
+void launch_matvec(const MvSet &set, int64_t K, const int8_t *xq, const float *xd, int n_rows, CudaStream s) {
   const int64_t outputs = set.first[set.n];
   auto go = [&](auto kernel, int p) {
     const int outs = kMvWarps / p;
     launch(kernel, dim3(unsigned((outputs + outs - 1) / outs)), kMvWarps * 32, s, set, K, xq, xd, n_rows);
   };
   if constexpr (R <= 2) {
-    switch (matvec_split(outputs, K / 256, R, 32 / L)) {
-      case 2: return go(matvec_kernel<T, R, 2, L>, 2);
-      case 4: return go(matvec_kernel<T, R, 4, L>, 4);
-      case 8: return go(matvec_kernel<T, R, 8, L>, 8);
+    switch (matvec_split(outputs, K / 256, R)) {
+      case 2: return go(matvec_kernel<T, R, 2>, 2);
+      case 4: return go(matvec_kernel<T, R, 4>, 4);
+      case 8: return go(matvec_kernel<T, R, 8>, 8);
       default: break;
     }
   }
-  go(matvec_kernel<T, R, 1, L>, 1);
-}
-
-template <GgmlType T, int R>
-void launch_matvec(const MvSet &set, int64_t K, const int8_t *xq, const float *xd, int n_rows, CudaStream s) {
-  if (R <= 2 && matvec_lanes() == 4) return launch_matvec_l<T, R, 4>(set, K, xq, xd, n_rows, s);
-  launch_matvec_l<T, R, 8>(set, K, xq, xd, n_rows, s);
+  go(matvec_kernel<T, R, 1>, 1);
 }
 
 }  // namespace
