@@ -9,7 +9,8 @@ writes), starts it again on the same directory and times its first request on a 
 prefix. Then, on that restarted server, warm requests of the same shape (a known system
 text, a new question; the slot holds another prefix, so the prefix comes from the
 snapshot cache as it did for the first one) give the reference: median of --warm.
-Repeated --trials times (a restart each), for two kinds of first request:
+Repeated --trials times (each on a fresh directory, filled by a first server and then
+restarted once per kind of first request), for two kinds of first request:
 
   new:    a known system text with a question never asked (cached: the system text);
   repeat: a prompt asked before the restart, word for word (cached: the whole prompt).
@@ -127,24 +128,27 @@ def main():
     ap.add_argument("extra", nargs="*", help="more geist serve options (after --)")
     a = ap.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="geist-restart-"))
-    cache_dir = str(tmp / "cache")
     log = tmp / "server.log"
     try:
-        # Before any restart: fill the cache (and the disk) with the known prefixes.
-        srv = Server(a, cache_dir, log)
-        before = {}
-        for r in range(a.rounds):
-            for k in range(a.prefixes):
-                _, _, text, usage, _ = stream(srv.url, body(k, r))
-                before[(k, r)] = text
-        srv.stop()
-        files = sorted(os.listdir(cache_dir))
-        size = sum(os.path.getsize(os.path.join(cache_dir, f)) for f in files)
-        print(f"cache dir after {a.rounds * a.prefixes} requests: {len(files)} files, {size / 2**20:.1f} MiB")
         results = {"new": [], "repeat": []}
-        next_q = 1000  # questions never asked before
+        next_q = 20  # questions never asked before (two digits, as the workload's)
         for trial in range(a.trials):
-            for kind in ("new", "repeat"):
+            # A fresh cache directory per trial, filled by one server with the known prefixes.
+            cache_dir = str(tmp / f"cache{trial}")
+            srv = Server(a, cache_dir, log)
+            before = {}
+            for r in range(a.rounds):
+                for k in range(a.prefixes):
+                    _, _, text, usage, _ = stream(srv.url, body(k, r))
+                    before[(k, r)] = text
+            srv.stop()
+            files = sorted(os.listdir(cache_dir))
+            size = sum(os.path.getsize(os.path.join(cache_dir, f)) for f in files)
+            print(f"trial {trial}: cache dir after {a.rounds * a.prefixes} requests: {len(files)} files, "
+                  f"{size / 2**20:.1f} MiB")
+            # The repeated prompts first: the new questions' snapshots would make their files
+            # the least recently used ones.
+            for kind in ("repeat", "new"):
                 k = trial % a.prefixes
                 srv = Server(a, cache_dir, log)
                 if kind == "new":
@@ -174,8 +178,9 @@ def main():
                 wf = statistics.median(x[1] for x in warm)
                 wp = statistics.median(x[4]["prompt_ms"] for x in warm)
                 wc = statistics.median(x[3]["prompt_tokens_details"]["cached_tokens"] for x in warm)
-                row = {"kind": kind, "ready_s": srv.ready_s, "first_ms": first[0] * 1e3, "first_ttft_ms": first[1] * 1e3,
-                       "first_prompt_ms": first[4]["prompt_ms"], "prompt_tokens": first[3]["prompt_tokens"],
+                row = {"kind": kind, "ready_s": srv.ready_s, "first_ms": first[0] * 1e3,
+                       "first_ttft_ms": first[1] * 1e3, "first_prompt_ms": first[4]["prompt_ms"],
+                       "prompt_tokens": first[3]["prompt_tokens"],
                        "cached": first[3]["prompt_tokens_details"]["cached_tokens"],
                        "source": first[4]["cache_source"], "warm_ms": wt * 1e3, "warm_ttft_ms": wf * 1e3,
                        "warm_prompt_ms": wp, "warm_cached": wc, "ratio": first[0] / wt, "same": first[2] == expect}
