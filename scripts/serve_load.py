@@ -14,7 +14,8 @@
           request alone: per-chunk arrival times give the tokens/s while every client is
           decoding (the window from the last first token to the first end), the server's
           /metrics give its decode-step rate (rows / seconds in decode steps); also the
-          aggregate over the whole run and TTFT P50/P95. --repeat runs each size that often.
+          aggregate over the whole run and TTFT P50/P95. --repeat runs of 1 and of C clients,
+          alternating; the ratio is the median of the runs' ratios.
   memory: --requests R requests cycling over --prefixes P distinct system texts (each
           request a new question), then R identical requests; the server's RSS
           (/proc/PID/status, --pid) before, after the first phase and after the second.
@@ -153,11 +154,12 @@ def decode_run(a, clients, wave):
 
 
 def decode(a):
+    # 1 and C clients alternate, run by run, so that each ratio compares runs a few seconds
+    # apart (on a shared machine the load moves between minutes).
     sizes = sorted({1, a.clients})
-    summary = {}
-    for n in sizes:
-        rows = []
-        for rep in range(a.repeat):
+    rows = {n: [] for n in sizes}
+    for rep in range(a.repeat):
+        for n in sizes:
             m0 = metrics(a.url)
             res = decode_run(a, n, rep)
             m1 = metrics(a.url)
@@ -174,23 +176,27 @@ def decode(a):
             secs_d = m1["geist_decode_seconds_total"] - m0["geist_decode_seconds_total"]
             steps = m1["geist_decode_steps_total"] - m0["geist_decode_steps_total"]
             ttft = [(f - r[0]) * 1e3 for f, r in zip(firsts, res)]
-            rows.append({"steady": steady, "server": rows_d / secs_d, "whole": whole, "ttft": ttft,
-                         "rows_per_step": rows_d / steps, "window_s": hi - lo})
-            print(f"{n} client(s), run {rep}: {tokens} tokens ({chunks} chunks), all decoding for "
+            rows[n].append({"steady": steady, "server": rows_d / secs_d, "whole": whole, "ttft": ttft})
+            print(f"run {rep}, {n} client(s): {tokens} tokens ({chunks} chunks), all decoding for "
                   f"{hi - lo:.2f} s at {steady:.1f} tokens/s; server decode steps {rows_d / secs_d:.1f} tokens/s "
                   f"({rows_d / steps:.2f} rows/step); whole run {whole:.1f} tokens/s; "
                   f"TTFT P50 {pct(ttft, 50):.0f} ms P95 {pct(ttft, 95):.0f} ms")
-        med = {k: sorted(r[k] for r in rows)[len(rows) // 2] for k in ("steady", "server", "whole")}
-        med["ttft"] = [t for r in rows for t in r["ttft"]]
-        summary[n] = med
+        if len(sizes) == 2:
+            one, many = rows[1][-1], rows[a.clients][-1]
+            print(f"run {rep}: {a.clients} vs 1: {many['steady'] / one['steady']:.2f}x while all decode, "
+                  f"{many['server'] / one['server']:.2f}x in the server's decode steps, "
+                  f"{many['whole'] / one['whole']:.2f}x over the whole run")
+    for n in sizes:
+        med = {k: pct([r[k] for r in rows[n]], 50) for k in ("steady", "server", "whole")}
+        ttft = [t for r in rows[n] for t in r["ttft"]]
         print(f"{n} client(s), median of {a.repeat}: {med['steady']:.1f} tokens/s while all decode, "
               f"server decode steps {med['server']:.1f} tokens/s, whole run {med['whole']:.1f} tokens/s; "
-              f"TTFT P50 {pct(med['ttft'], 50):.0f} ms P95 {pct(med['ttft'], 95):.0f} ms")
+              f"TTFT P50 {pct(ttft, 50):.0f} ms P95 {pct(ttft, 95):.0f} ms")
     if len(sizes) == 2:
-        one, many = summary[1], summary[a.clients]
-        print(f"{a.clients} vs 1: {many['steady'] / one['steady']:.2f}x while all decode, "
-              f"{many['server'] / one['server']:.2f}x in the server's decode steps, "
-              f"{many['whole'] / one['whole']:.2f}x over the whole run")
+        ratio = {k: pct([m[k] / o[k] for m, o in zip(rows[a.clients], rows[1])], 50)
+                 for k in ("steady", "server", "whole")}
+        print(f"{a.clients} vs 1, median of the {a.repeat} runs' ratios: {ratio['steady']:.2f}x while all decode, "
+              f"{ratio['server']:.2f}x in the server's decode steps, {ratio['whole']:.2f}x over the whole run")
 
 
 def cached_tokens(out):
