@@ -9,12 +9,20 @@
           each request once with the cache and once with "cache_prompt": false, interleaved:
           end-to-end latency P50/P95 of both, their ratio, and whether outputs are equal
           (--cache on or off: only those requests; works against llama-server too).
+  decode: decode throughput of --clients C streaming requests sent at once (each its own
+          story prompt, --max-tokens, seeded sampling so replies run long) against one
+          request alone: per-chunk arrival times give the tokens/s while every client is
+          decoding (the window from the last first token to the first end), the server's
+          /metrics give its decode-step rate (rows / seconds in decode steps); also the
+          aggregate over the whole run and TTFT P50/P95. --repeat runs of 1 and of C clients,
+          alternating; the ratio is the median of the runs' ratios.
   memory: --requests R requests cycling over --prefixes P distinct system texts (each
           request a new question), then R identical requests; the server's RSS
           (/proc/PID/status, --pid) before, after the first phase and after the second.
 
   python3 scripts/serve_load.py load --url http://127.0.0.1:8080 --clients 8 --requests 4
   python3 scripts/serve_load.py workload --url http://127.0.0.1:8080 [--cache on|off|both]
+  python3 scripts/serve_load.py decode --url http://127.0.0.1:8080 --clients 8 --max-tokens 128 --repeat 3
   python3 scripts/serve_load.py memory --url http://127.0.0.1:8080 --pid PID --requests 200 --prefixes 50
 """
 import argparse
@@ -103,6 +111,94 @@ def load(a):
         print("error:", e)
 
 
+def metrics(url):
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
+        out = {}
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#") and "{" not in line:
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+
+def decode_run(a, clients, wave):
+    """One wave of `clients` streaming requests sent together: per-client chunk times."""
+    res = [None] * clients
+    barrier = threading.Barrier(clients)
+
+    def client(c):
+        body = {"messages": [{"role": "user", "content": f"Write a long story about a lighthouse keeper "
+                              f"named Keeper{c} and the ship number {wave * 100 + c}. Use many chapters."}],
+                "max_tokens": a.max_tokens, "temperature": a.temperature, "seed": wave * 100 + c, "stream": True,
+                "stream_options": {"include_usage": True}}
+        req = urllib.request.Request(a.url + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        barrier.wait()
+        t0 = time.perf_counter()
+        times, usage = [], None
+        with urllib.request.urlopen(req, timeout=600) as r:
+            for line in r:
+                line = line.decode().strip()
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    ev = json.loads(line[6:])
+                    usage = ev.get("usage") or usage
+                    if any(ch.get("delta", {}).get("content") for ch in ev.get("choices", [])):
+                        times.append(time.perf_counter())
+        res[c] = (t0, times, usage["completion_tokens"])
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return res
+
+
+def decode(a):
+    # 1 and C clients alternate, run by run, so that each ratio compares runs a few seconds
+    # apart (on a shared machine the load moves between minutes).
+    sizes = sorted({1, a.clients})
+    rows = {n: [] for n in sizes}
+    for rep in range(a.repeat):
+        for n in sizes:
+            m0 = metrics(a.url)
+            res = decode_run(a, n, rep)
+            m1 = metrics(a.url)
+            t_start = min(r[0] for r in res)
+            firsts = [r[1][0] for r in res]
+            ends = [r[1][-1] for r in res]
+            lo, hi = max(firsts), min(ends)
+            in_window = sum(sum(1 for t in r[1] if lo < t <= hi) for r in res)
+            steady = in_window / (hi - lo) if hi > lo else float("nan")
+            tokens = sum(r[2] for r in res)
+            chunks = sum(len(r[1]) for r in res)
+            whole = tokens / (max(ends) - t_start)
+            rows_d = m1["geist_decode_rows_total"] - m0["geist_decode_rows_total"]
+            secs_d = m1["geist_decode_seconds_total"] - m0["geist_decode_seconds_total"]
+            steps = m1["geist_decode_steps_total"] - m0["geist_decode_steps_total"]
+            ttft = [(f - r[0]) * 1e3 for f, r in zip(firsts, res)]
+            rows[n].append({"steady": steady, "server": rows_d / secs_d, "whole": whole, "ttft": ttft})
+            print(f"run {rep}, {n} client(s): {tokens} tokens ({chunks} chunks), all decoding for "
+                  f"{hi - lo:.2f} s at {steady:.1f} tokens/s; server decode steps {rows_d / secs_d:.1f} tokens/s "
+                  f"({rows_d / steps:.2f} rows/step); whole run {whole:.1f} tokens/s; "
+                  f"TTFT P50 {pct(ttft, 50):.0f} ms P95 {pct(ttft, 95):.0f} ms")
+        if len(sizes) == 2:
+            one, many = rows[1][-1], rows[a.clients][-1]
+            print(f"run {rep}: {a.clients} vs 1: {many['steady'] / one['steady']:.2f}x while all decode, "
+                  f"{many['server'] / one['server']:.2f}x in the server's decode steps, "
+                  f"{many['whole'] / one['whole']:.2f}x over the whole run")
+    for n in sizes:
+        med = {k: pct([r[k] for r in rows[n]], 50) for k in ("steady", "server", "whole")}
+        ttft = [t for r in rows[n] for t in r["ttft"]]
+        print(f"{n} client(s), median of {a.repeat}: {med['steady']:.1f} tokens/s while all decode, "
+              f"server decode steps {med['server']:.1f} tokens/s, whole run {med['whole']:.1f} tokens/s; "
+              f"TTFT P50 {pct(ttft, 50):.0f} ms P95 {pct(ttft, 95):.0f} ms")
+    if len(sizes) == 2:
+        ratio = {k: pct([m[k] / o[k] for m, o in zip(rows[a.clients], rows[1])], 50)
+                 for k in ("steady", "server", "whole")}
+        print(f"{a.clients} vs 1, median of the {a.repeat} runs' ratios: {ratio['steady']:.2f}x while all decode, "
+              f"{ratio['server']:.2f}x in the server's decode steps, {ratio['whole']:.2f}x over the whole run")
+
+
 def cached_tokens(out):
     """Prompt tokens the server reused: usage.prompt_tokens_details.cached_tokens, or
     llama-server's timings.cache_n where usage does not say."""
@@ -121,6 +217,12 @@ def workload(a):
             out = json.load(r)
         return time.perf_counter() - t0, out
     on, off, same, cached, outputs = [], [], True, [], []
+    parts = {"on": [], "off": []}  # the server's timings: (prompt_ms, predicted_ms)
+
+    def part(mode, out):
+        t = out.get("timings") or {}
+        if "prompt_ms" in t and "predicted_ms" in t:
+            parts[mode].append((t["prompt_ms"], t["predicted_ms"]))
     for r in range(20):
         for k in range(3):
             question = f"Figure {r} of document {k}: " + " ".join(
@@ -130,10 +232,12 @@ def workload(a):
             if a.cache in ("both", "off"):
                 t_off, o_off = post(dict(body, cache_prompt=False))
                 off.append(t_off * 1e3)
+                part("off", o_off)
                 outputs.append(o_off["choices"][0]["message"]["content"])
             if a.cache in ("both", "on"):
                 t_on, o_on = post(body)
                 on.append(t_on * 1e3)
+                part("on", o_on)
                 cached.append(cached_tokens(o_on))
                 outputs.append(o_on["choices"][0]["message"]["content"])
             if a.cache == "both":
@@ -144,6 +248,10 @@ def workload(a):
         print(f"cache off: P50 {pct(off, 50):.0f} ms  P95 {pct(off, 95):.0f} ms")
     if on:
         print(f"cache on:  P50 {pct(on, 50):.0f} ms  P95 {pct(on, 95):.0f} ms")
+    for mode in ("off", "on"):
+        if parts[mode]:
+            print(f"cache {mode}: the server's prompt_ms P50 {pct([x[0] for x in parts[mode]], 50):.0f} ms, "
+                  f"predicted_ms (the 16 decoded tokens) P50 {pct([x[1] for x in parts[mode]], 50):.0f} ms")
     if a.cache == "both":
         print(f"ratio P50 {pct(on, 50) / pct(off, 50):.2f}; outputs identical: {same}")
     if a.outputs:
@@ -174,13 +282,15 @@ def memory(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=["load", "memory", "workload"])
+    ap.add_argument("mode", choices=["load", "memory", "workload", "decode"])
     ap.add_argument("--url", default="http://127.0.0.1:8080")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--requests", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--prefixes", type=int, default=50)
     ap.add_argument("--pid", type=int)
+    ap.add_argument("--repeat", type=int, default=3, help="decode: runs of each size")
+    ap.add_argument("--temperature", type=float, default=0.8, help="decode: sampling temperature (0: greedy)")
     ap.add_argument("--cache", choices=["both", "on", "off"], default="both",
                     help="workload: each request with the cache and without (interleaved), or only one "
                          "of them (against llama-server: 'on'; its cache_prompt=false request would "
@@ -189,7 +299,7 @@ def main():
     a = ap.parse_args()
     if not a.url.startswith("http://127.0.0.1:"):
         ap.error("--url must be http://127.0.0.1:PORT")
-    {"load": load, "memory": memory, "workload": workload}[a.mode](a)
+    {"load": load, "memory": memory, "workload": workload, "decode": decode}[a.mode](a)
 
 
 if __name__ == "__main__":

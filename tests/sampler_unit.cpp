@@ -340,5 +340,92 @@ TEST(Sampler, RepeatPenaltyLowersFrequency) {
   EXPECT_NEAR(penalised_frequency({-1.0f, -1.5f}, 2.0f, n), p0(-2, -1.5), tol(p0(-2, -1.5)));
 }
 
+// top_k_sorted (the sampler's top-k in one pass) against sorting every (logit, id) pair
+// by logit descending, id ascending and keeping the first k: rows with many ties, sorted
+// rows (ascending: every element displaces the worst kept), NaNs, lengths around the
+// 16-float vector and the vocabulary's 262144.
+TEST(Sampler, TopKSortedEqualsAFullSort) {
+  auto reference = [](const std::vector<float> &x, size_t k) {
+    std::vector<std::pair<float, int32_t>> all;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (!std::isnan(x[i])) all.push_back({x[i], int32_t(i)});
+    }
+    std::sort(all.begin(), all.end(), [](const auto &a, const auto &b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    });
+    all.resize(std::min(all.size(), k));
+    return all;
+  };
+  uint64_t seed = 42;
+  int cases = 0;
+  for (int64_t n : {1, 2, 15, 16, 17, 31, 33, 100, 1000, 4099, 262144}) {
+    for (int shape = 0; shape < 5; ++shape) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        const uint64_t r = splitmix_for_test(seed);
+        switch (shape) {
+          case 0: x[i] = float(int64_t(r % 7)) - 3.0f; break;           // few values: ties
+          case 1: x[i] = float(double(r >> 11) * 0x1.0p-53 * 20 - 10); break;  // distinct
+          case 2: x[i] = float(i); break;                                // ascending
+          case 3: x[i] = float(n - i) * 0.5f; break;                     // descending
+          default: x[i] = r % 5 == 0 ? NAN : float(int64_t(r % 3)); break;  // NaNs and ties
+        }
+      }
+      for (size_t k : {size_t(1), size_t(5), size_t(40), size_t(n > 1 ? n - 1 : 1), size_t(n), size_t(n + 3)}) {
+        const auto want = reference(x, k);
+        std::vector<std::pair<float, int32_t>> got(k);
+        const size_t m = top_k_sorted(x.data(), n, k, got.data());
+        got.resize(m);
+        ASSERT_EQ(got, want) << "n " << n << " shape " << shape << " k " << k;
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 11 * 5 * 6);
+}
+
+// The sampler draws the same tokens through the one-pass top-k as through the sorted
+// candidate list it replaced (top_k off keeps that path; a top_k of n_vocab + 1 takes it
+// with the same candidates when the filters after it cut the list anyway): same seed,
+// rows with ties, top-p and min-p on, with and without a repetition penalty.
+TEST(Sampler, TopKPathDrawsWhatTheFullSortDraws) {
+  uint64_t seed = 7;
+  std::vector<float> logits(5000);
+  for (int round = 0; round < 20; ++round) {
+    for (float &l : logits) l = float(int64_t(splitmix_for_test(seed) % 200)) * 0.05f;
+    for (float penalty : {1.0f, 1.3f}) {
+      SamplerParams p;
+      p.temperature = 0.9f;
+      p.top_k = 40;
+      p.top_p = 0.9f;
+      p.min_p = 0.02f;
+      p.repeat_penalty = penalty;
+      p.seed = uint64_t(round) * 31 + 1;
+      Sampler fast(p);
+      // Reference: the same filters with top-k done by hand on the full list: keep only the
+      // 40 best logits (others at -inf), top_k off.
+      std::vector<std::pair<float, int32_t>> best(40);
+      SamplerParams q = p;
+      q.top_k = 0;
+      Sampler slow(q);
+      for (int step = 0; step < 30; ++step) {
+        // The penalised row the reference must cut: penalties apply before top-k.
+        std::vector<float> pen = logits;
+        if (penalty != 1.0f) {
+          const auto st = fast.state();
+          std::set<int32_t> seen(st.history.begin(), st.history.end());
+          for (int32_t t : seen) pen[size_t(t)] = pen[size_t(t)] > 0 ? pen[size_t(t)] / penalty : pen[size_t(t)] * penalty;
+        }
+        ASSERT_EQ(top_k_sorted(pen.data(), int64_t(pen.size()), 40, best.data()), 40u);
+        std::vector<float> cut(logits.size(), -INFINITY);
+        for (const auto &[l, id] : best) cut[size_t(id)] = logits[size_t(id)];
+        const int32_t a = fast.sample(logits.data(), int64_t(logits.size()));
+        const int32_t b = slow.sample(cut.data(), int64_t(cut.size()));
+        ASSERT_EQ(a, b) << "round " << round << " step " << step << " penalty " << penalty;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace geist

@@ -61,7 +61,55 @@ int64_t argmax_first(const float *x, int64_t n) {
   }
   return 0;  // not reached: best is one of the values
 }
+// The first index j in [i, n) with x[j] > t (n if none), 16 floats at a time: top_k_sorted
+// below compares most of a vocabulary against the worst candidate kept and finds no hit.
+GEIST_CPU_CLONES
+int64_t first_above(const float *x, int64_t i, int64_t n, float t) {
+  for (; i < n && (i & 15) != 0; ++i) {
+    if (x[i] > t) return i;
+  }
+  F16x tv;
+  for (int l = 0; l < 16; ++l) tv[l] = t;
+  for (; i + 16 <= n; i += 16) {
+    F16x v;
+    std::memcpy(&v, x + i, sizeof v);
+    const I16x gt = v > tv;
+    int32_t hit = 0;
+    for (int l = 0; l < 16; ++l) hit |= gt[l];
+    if (hit) break;
+  }
+  for (; i < n; ++i) {
+    if (x[i] > t) return i;
+  }
+  return n;
+}
 }  // namespace
+
+size_t top_k_sorted(const float *x, int64_t n, size_t k, std::pair<float, int32_t> *out) {
+  // A heap of the best k seen so far whose top is the worst of them. Ids come in ascending
+  // order, so a later element displaces the worst only with a strictly larger value (on a
+  // tie the earlier id ranks first): the threshold test is one comparison.
+  auto better = [](const std::pair<float, int32_t> &a, const std::pair<float, int32_t> &b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  if (k == 0) return 0;
+  size_t m = 0;
+  int64_t i = 0;
+  for (; i < n && m < k; ++i) {
+    if (std::isnan(x[i])) continue;
+    out[m++] = {x[i], static_cast<int32_t>(i)};
+    std::push_heap(out, out + m, better);
+  }
+  if (m == k) {
+    for (i = first_above(x, i, n, out[0].first); i < n; i = first_above(x, i + 1, n, out[0].first)) {
+      std::pop_heap(out, out + k, better);
+      out[k - 1] = {x[i], static_cast<int32_t>(i)};
+      std::push_heap(out, out + k, better);
+    }
+  }
+  std::sort(out, out + m, better);
+  return m;
+}
 
 Sampler::Sampler(const SamplerParams &p) : p_(p) { reset(); }
 
@@ -147,24 +195,39 @@ int32_t Sampler::sample(const float *logits, int64_t n_vocab) {
     accept(chosen);
     return chosen;
   }
-  cand_.resize(static_cast<size_t>(n_vocab));
-  for (int64_t i = 0; i < n_vocab; ++i) cand_[i] = {logits[i], static_cast<int32_t>(i)};
+  // The penalised logits, if a penalty applies (a copy: logits are not modified).
+  const float *lg = logits;
   if (p_.repeat_penalty != 1.0f && !history_.empty()) {
+    pen_.assign(logits, logits + n_vocab);
     std::unordered_set<int32_t> seen(history_.begin(), history_.end());
     for (int32_t t : seen) {
       if (t < 0 || t >= n_vocab) continue;
-      float &l = cand_[t].first;
+      float &l = pen_[t];
       l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
     }
+    lg = pen_.data();
   }
   auto by_logit = [](const auto &a, const auto &b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
   int32_t chosen;
+  size_t n = 0;
+  if (p_.temperature > 0.0f && p_.top_k > 0 && p_.top_k < n_vocab) {
+    // The top k in one pass over the row, in the order a sort by (logit desc, id asc)
+    // gives: the same candidates as sorting all n_vocab pairs, without writing them.
+    cand_.resize(static_cast<size_t>(p_.top_k));
+    n = top_k_sorted(lg, n_vocab, cand_.size(), cand_.data());
+  }
+  if (n == 0) {
+    cand_.resize(static_cast<size_t>(n_vocab));
+    for (int64_t i = 0; i < n_vocab; ++i) cand_[i] = {lg[i], static_cast<int32_t>(i)};
+  }
   if (p_.temperature <= 0.0f) {
     chosen = std::min_element(cand_.begin(), cand_.end(), by_logit)->second;
   } else {
-    size_t n = cand_.size();
-    if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) n = static_cast<size_t>(p_.top_k);
-    std::partial_sort(cand_.begin(), cand_.begin() + n, cand_.end(), by_logit);
+    if (n == 0) {
+      n = cand_.size();
+      if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) n = static_cast<size_t>(p_.top_k);
+      std::partial_sort(cand_.begin(), cand_.begin() + n, cand_.end(), by_logit);
+    }
     cand_.resize(n);
     // Probabilities at temperature 1 drive top-p and min-p (as llama.cpp's chain does).
     const float mx = cand_[0].first;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace geist {
@@ -51,6 +52,13 @@ class Sampler {
   uint64_t s_[4];
   std::deque<int32_t> history_;
   std::vector<std::pair<float, int32_t>> cand_;
+  std::vector<float> pen_;  // the penalised logits
 };
+
+// The k best (logit, id) of x[0..n) in the order of a sort by logit descending, then id
+// ascending (what sorting all n pairs and keeping the first k gives), written to out[0..k);
+// NaNs are never taken. Returns how many were written: k, or fewer if x has fewer non-NaN
+// values. One pass over x; the sampler's top-k.
+size_t top_k_sorted(const float *x, int64_t n, size_t k, std::pair<float, int32_t> *out);
 
 }  // namespace geist

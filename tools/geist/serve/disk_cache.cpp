@@ -132,6 +132,15 @@ void DiskCache::put(uint64_t hash, std::shared_ptr<const std::vector<uint8_t>> i
   cv_.notify_all();
 }
 
+void DiskCache::touch(uint64_t hash) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (stop_ || !thread_.joinable()) return;
+  if (std::find(touches_.begin(), touches_.end(), hash) != touches_.end()) return;
+  if (touches_.size() >= kMaxTouches) return;  // the writer is far behind; a hint only
+  touches_.push_back(hash);
+  cv_.notify_all();
+}
+
 void DiskCache::flush() {
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -154,15 +163,23 @@ uint64_t DiskCache::dropped() const {
 void DiskCache::writer() {
   for (;;) {
     std::pair<uint64_t, std::shared_ptr<const std::vector<uint8_t>>> job;
+    std::vector<uint64_t> touches;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !pending_.empty(); });
-      if (pending_.empty()) return;  // stop_ and nothing left
-      job = std::move(pending_.front());
-      pending_.pop_front();
+      cv_.wait(lk, [&] { return stop_ || !pending_.empty() || !touches_.empty(); });
+      if (pending_.empty() && touches_.empty()) return;  // stop_ and nothing left
+      if (!pending_.empty()) {
+        job = std::move(pending_.front());
+        pending_.pop_front();
+      } else {
+        touches.swap(touches_);  // after the writes queued before them
+      }
     }
-    write_one(job.first, *job.second);
-    enforce_budget();
+    if (job.second) {
+      write_one(job.first, *job.second);
+      enforce_budget();
+    }
+    for (uint64_t h : touches) touch_one(h);
   }
 }
 
@@ -197,6 +214,20 @@ void DiskCache::write_one(uint64_t hash, const std::vector<uint8_t> &image) {
   }
   std::lock_guard<std::mutex> lk(mu_);
   ++written_;
+}
+
+void DiskCache::touch_one(uint64_t hash) {
+  // Only a regular file (not a symlink) of this name that holds a geist snapshot.
+  const std::string path = path_of(hash);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return;  // not written (dropped, or removed by the budget): nothing to mark
+  struct stat st {};
+  char b[8];
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ::pread(fd, b, 8, 0) == 8 &&
+      std::memcmp(b, kMagic, 8) == 0) {
+    ::futimens(fd, nullptr);  // both times to now
+  }
+  ::close(fd);
 }
 
 void DiskCache::enforce_budget() {

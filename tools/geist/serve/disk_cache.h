@@ -5,11 +5,16 @@
 //   fsync of the directory) and only over a path that geist_snapshot_file_check allows
 //   (absent, empty, or already a geist snapshot): a file geist did not write is never
 //   replaced. At most kMaxPending images wait; more are dropped (an entry is optional).
+// - A file's modification time is its entry's last use: put() writes it, touch() (a
+//   request that restored the entry, or found it already cached) sets it to now. So
+//   "newest" below means most recently used, not most recently written: a shared prefix
+//   snapshotted once and restored by every request since stays among the newest.
 // - At startup the files are read newest first; each is validated by a full restore
 //   (checksum included) before it is used, and one whose name is not its tokens' hash is
 //   skipped. A corrupt or foreign file is reported and ignored, never served.
-// - The files geist wrote are kept under a byte budget, the oldest removed first.
-// Thread-safe: put() from the engine thread, the rest from the server's main thread.
+// - The files geist wrote are kept under a byte budget, the least recently used removed
+//   first.
+// Thread-safe: put() and touch() from the engine thread, the rest from the server's main thread.
 #pragma once
 
 #include <condition_variable>
@@ -28,6 +33,7 @@ namespace geist::serve {
 class DiskCache {
  public:
   static constexpr size_t kMaxPending = 8;
+  static constexpr size_t kMaxTouches = 1024;
 
   DiskCache(std::string dir, size_t budget_bytes) : dir_(std::move(dir)), budget_(budget_bytes) {}
   ~DiskCache() { flush(); }
@@ -46,6 +52,9 @@ class DiskCache {
 
   // Queues image (the snapshot of tokens with this hash) for writing.
   void put(uint64_t hash, std::shared_ptr<const std::vector<uint8_t>> image);
+  // Marks the entry file of this hash used now (its modification time; on the writer
+  // thread, after the writes queued before). Nothing if there is no such file of ours.
+  void touch(uint64_t hash);
   // Writes what is queued and stops the writer.
   void flush();
 
@@ -56,6 +65,7 @@ class DiskCache {
   void writer();
   void write_one(uint64_t hash, const std::vector<uint8_t> &image);
   void enforce_budget();
+  void touch_one(uint64_t hash);
   std::string path_of(uint64_t hash) const;
 
   std::string dir_;
@@ -63,6 +73,7 @@ class DiskCache {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<uint64_t, std::shared_ptr<const std::vector<uint8_t>>>> pending_;
+  std::vector<uint64_t> touches_;  // distinct hashes, at most kMaxTouches
   bool stop_ = false;
   uint64_t written_ = 0, dropped_ = 0;
   std::thread thread_;

@@ -99,7 +99,10 @@ api::Error Engine::start(std::vector<DiskCache::File> preload, size_t *n_loaded)
     n_ctx_ = s->session.n_ctx();
     slots_.push_back(std::move(s));
   }
-  size_t loaded = 0;
+  // preload is newest (most recently used) first: validate in that order, up to the
+  // capacity, then insert oldest first so that the RAM cache's LRU order is the files'.
+  std::vector<std::pair<std::vector<geist_token>, DiskCache::File *>> accepted;
+  size_t accepted_bytes = 0;
   api::Session &probe = slots_[0]->session;
   for (DiskCache::File &f : preload) {
     if (api::Error e = probe.restore(f.image)) {
@@ -115,13 +118,17 @@ api::Error Engine::start(std::vector<DiskCache::File> preload, size_t *n_loaded)
       continue;
     }
     const size_t cost = PrefixCache::entry_cost(t.size(), f.image.size());
-    if (cache_.bytes() + cost > cache_.capacity())
+    if (accepted_bytes + cost > cache_.capacity())
       continue;  // newest first: the rest wait for the disk
-    cache_.insert(std::move(t), std::make_shared<const std::vector<uint8_t>>(std::move(f.image)));
-    ++loaded;
+    accepted_bytes += cost;
+    accepted.emplace_back(std::move(t), &f);
   }
   probe.clear();
-  if (n_loaded) *n_loaded = loaded;
+  for (auto it = accepted.rbegin(); it != accepted.rend(); ++it) {
+    cache_.insert(std::move(it->first),
+                  std::make_shared<const std::vector<uint8_t>>(std::move(it->second->image)));
+  }
+  if (n_loaded) *n_loaded = accepted.size();
   {
     std::lock_guard<std::mutex> lk(mu_);
     stats_.slots_total = slots_.size();
@@ -326,6 +333,7 @@ void Engine::start_job(Slot &s, std::shared_ptr<Job> job) {
     } else {
       reused = e->tokens.size();
       source = "cache";
+      if (o_.on_use) o_.on_use(e->hash);
     }
     std::lock_guard<std::mutex> lk(mu_);
     stats_.restore_seconds += ms_between(t0, Clock::now()) / 1e3;
@@ -362,7 +370,10 @@ void Engine::start_job(Slot &s, std::shared_ptr<Job> job) {
 
 void Engine::maybe_snapshot(Slot &s) {
   const std::vector<geist_token> &p = s.job->prompt;
-  if (cache_.touch(p.data(), s.n_done)) return;
+  if (cache_.touch(p.data(), s.n_done)) {
+    if (o_.on_use) o_.on_use(tokens_hash(p.data(), s.n_done));
+    return;
+  }
   const auto t0 = Clock::now();
   size_t size = 0;
   if (geist_session_snapshot_size(s.session.get(), &size) != GEIST_OK) return;
@@ -395,6 +406,7 @@ bool Engine::catch_up(Slot &s) {
   if (!e || e->tokens.size() <= s.n_done) return true;
   const auto t0 = Clock::now();
   if (api::Error re = s.session.restore(*e->image)) return true;  // keep computing
+  if (o_.on_use) o_.on_use(e->hash);
   const size_t before = s.n_done;
   s.n_done = e->tokens.size();
   if (api::Error se = s.session.set_sampling(j.sampling)) {

@@ -86,6 +86,9 @@ struct EngineOptions {
   geist_session_params session = geist_session_params_default();
   // Called on the engine thread with each image the cache takes (the disk tier's put).
   std::function<void(uint64_t hash, std::shared_ptr<const std::vector<uint8_t>> image)> on_snapshot;
+  // Called on the engine thread with the hash of each entry a request used (restored, or
+  // found already cached at a snapshot point): the disk tier's touch.
+  std::function<void(uint64_t hash)> on_use;
 };
 
 // Counters for /metrics (a consistent copy).

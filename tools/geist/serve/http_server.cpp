@@ -771,6 +771,7 @@ bool Server::load_model() {
                                        std::shared_ptr<const std::vector<uint8_t>> img) {
       d->put(h, std::move(img));
     };
+    eo.on_use = [d = disk_.get()](uint64_t h) { d->touch(h); };
   }
   engine_ = std::make_unique<Engine>(model_, eo);
   size_t loaded = 0;
