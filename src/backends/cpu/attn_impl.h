@@ -1,4 +1,4 @@
-// Attention over one chunk of keys for one query row and one KV head (all the query
+// Attention over one chunk of keys for some query rows and one KV head (all the query
 // heads of its group), written once over a SIMD abstraction S (float ops: L lanes,
 // loadf/storef, fmadd, mul, sub, set1f, hsum4, exp) and instantiated by each tier TU.
 // Include only from a tier TU, inside its anonymous namespace.
@@ -73,9 +73,9 @@ struct Attn {
     pv_cols<NH, 1>(o, c, p, v, n, d, D);  // head_dim not a multiple of DV vectors
   }
 
-  // kTyped: chunk_typed's own copy, kept apart (no_icf: GCC would otherwise merge the
-  // identical instantiations), so that chunk alone calls heads<NH, false> and the
-  // compiler inlines it there exactly as it did before typed rings existed.
+  // kTyped: the typed rows' own copy, kept apart (no_icf: GCC would otherwise merge the
+  // identical instantiations), so that rows<false> alone calls heads<NH, false> and the
+  // compiler inlines it there as it did before typed rings existed.
   template <int NH, bool kTyped = false>
   GEIST_NO_ICF static void heads(const AttentionArgs &a, int r, int hq0, const float *const kp[16],
                                  const float *const vp[16], int n, float *m, float *l, float *acc) {
@@ -139,80 +139,88 @@ struct Attn {
     }
   }
 
-  // Partial state over keys [lo, hi] (inclusive) for query row r, KV head g:
-  // m[h], l[h], acc[h][head_dim] for the group's heads h. F32 rings (k_type and v_type),
-  // read in place.
-  static void chunk(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l, float *acc) {
+  // Partial states over keys [lo, hi] (inclusive) for query rows [r0, r1) and KV head g:
+  // row r's keys are those of [lo, hi] it sees (kv_begin(p) .. p for its position p);
+  // rows that see none are skipped, their state untouched. st[r - r0]: row r's state,
+  // m[group], l[group], acc[group][head_dim] back to back.
+  //
+  // Each block of 16 keys is read once for all the rows (typed rings: read to f32 rows
+  // once, [16][head_dim] per ring, in L1) and every row that sees part of it runs heads
+  // on that part. A row's arithmetic is exactly that of a call for it alone over its own
+  // keys of [lo, hi]: the same blocks (aligned to 16 absolute positions), the same key
+  // counts, the same f32 values; the other rows of the call change nothing.
+  // kTyped: false reads F32 rings in place, true reads any types through load_rows.
+  template <bool kTyped>
+  static void rows(const AttentionArgs &a, int g, int r0, int r1, int64_t lo, int64_t hi, float *const *st) {
     const int group = a.n_head / a.n_head_kv;
     const int D = a.head_dim;
-    for (int h = 0; h < group; ++h) {
-      m[h] = -std::numeric_limits<float>::infinity();
-      l[h] = 0.0f;
-      std::fill(acc + size_t(h) * D, acc + size_t(h + 1) * D, 0.0f);
+    auto row_lo = [&](int r) {
+      const int64_t p = a.q_pos0 + r;
+      return std::max(lo, a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : int64_t(0));
+    };
+    auto row_hi = [&](int r) { return std::min(hi, a.q_pos0 + r); };
+    int64_t u_lo = hi + 1, u_hi = lo - 1;  // the union of the rows' keys
+    for (int r = r0; r < r1; ++r) {
+      const int64_t k0 = row_lo(r), k1 = row_hi(r);
+      if (k0 > k1) continue;
+      u_lo = std::min(u_lo, k0);
+      u_hi = std::max(u_hi, k1);
+      float *m = st[r - r0], *l = m + group, *acc = l + group;
+      for (int h = 0; h < group; ++h) {
+        m[h] = -std::numeric_limits<float>::infinity();
+        l[h] = 0.0f;
+      }
+      std::fill(acc, acc + size_t(group) * D, 0.0f);
+    }
+    if (u_lo > u_hi) return;
+    const float *kp[16], *vp[16];
+    float *kb = nullptr, *vb = nullptr;
+    size_t k_row_bytes = 0, k_off = 0, v_row_bytes = 0, v_off = 0;
+    if constexpr (kTyped) {
+      static thread_local std::vector<float> buf;
+      if (buf.size() < size_t(32) * D) buf.resize(size_t(32) * D);
+      kb = buf.data();
+      vb = kb + size_t(16) * D;
+      const int64_t row = int64_t(a.n_head_kv) * D, off = int64_t(g) * D;
+      k_row_bytes = kv_row_bytes(a.k_type, row);
+      k_off = kv_row_bytes(a.k_type, off);
+      v_row_bytes = kv_row_bytes(a.v_type, row);
+      v_off = kv_row_bytes(a.v_type, off);
+      for (int i = 0; i < 16; ++i) {
+        kp[i] = kb + size_t(i) * D;
+        vp[i] = vb + size_t(i) * D;
+      }
     }
     const size_t stride = size_t(a.n_head_kv) * D;
-    for (int64_t b0 = lo - lo % 16; b0 <= hi; b0 += 16) {
-      const int64_t k0 = std::max(lo, b0), k1 = std::min(hi, b0 + 15);
+    for (int64_t b0 = u_lo - u_lo % 16; b0 <= u_hi; b0 += 16) {
+      const int64_t k0 = std::max(u_lo, b0), k1 = std::min(u_hi, b0 + 15);
       const int n = int(k1 - k0 + 1);
-      const float *kp[16], *vp[16];
-      int64_t slot = k0 % a.kv_cap;
-      for (int i = 0; i < n; ++i) {
-        kp[i] = static_cast<const float *>(a.k) + size_t(slot) * stride + size_t(g) * D;
-        vp[i] = static_cast<const float *>(a.v) + size_t(slot) * stride + size_t(g) * D;
-        if (++slot == a.kv_cap) slot = 0;
-      }
-      for (int h = 0; h < group; h += 4) {
-        const int nh = std::min(4, group - h);
-        const int hq0 = g * group + h;
-        float *mh = m + h, *lh = l + h, *ah = acc + size_t(h) * D;
-        switch (nh) {
-          case 4: heads<4>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
-          case 3: heads<3>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
-          case 2: heads<2>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
-          default: heads<1>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
+      if constexpr (kTyped) {
+        load_rows(a.k_type, a.k, k0 % a.kv_cap, a.kv_cap, k_row_bytes, k_off, n, D, kb);
+        load_rows(a.v_type, a.v, k0 % a.kv_cap, a.kv_cap, v_row_bytes, v_off, n, D, vb);
+      } else {
+        int64_t slot = k0 % a.kv_cap;
+        for (int i = 0; i < n; ++i) {
+          kp[i] = static_cast<const float *>(a.k) + size_t(slot) * stride + size_t(g) * D;
+          vp[i] = static_cast<const float *>(a.v) + size_t(slot) * stride + size_t(g) * D;
+          if (++slot == a.kv_cap) slot = 0;
         }
       }
-    }
-  }
-
-  // The same state as chunk over typed rings (k_type or v_type not F32): each block of up to 16
-  // keys and values is read to per-thread f32 rows ([16][head_dim] each, in L1) by
-  // load_rows, then the same f32 code runs on them, so the bits are chunk's over the
-  // rings read back to f32.
-  static void chunk_typed(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l,
-                          float *acc) {
-    const int group = a.n_head / a.n_head_kv;
-    const int D = a.head_dim;
-    for (int h = 0; h < group; ++h) {
-      m[h] = -std::numeric_limits<float>::infinity();
-      l[h] = 0.0f;
-      std::fill(acc + size_t(h) * D, acc + size_t(h + 1) * D, 0.0f);
-    }
-    static thread_local std::vector<float> buf;
-    if (buf.size() < size_t(32) * D) buf.resize(size_t(32) * D);
-    float *kb = buf.data(), *vb = kb + size_t(16) * D;
-    const int64_t row = int64_t(a.n_head_kv) * D, off = int64_t(g) * D;
-    const size_t k_row_bytes = kv_row_bytes(a.k_type, row), k_off = kv_row_bytes(a.k_type, off);
-    const size_t v_row_bytes = kv_row_bytes(a.v_type, row), v_off = kv_row_bytes(a.v_type, off);
-    const float *kp[16], *vp[16];
-    for (int i = 0; i < 16; ++i) {
-      kp[i] = kb + size_t(i) * D;
-      vp[i] = vb + size_t(i) * D;
-    }
-    for (int64_t b0 = lo - lo % 16; b0 <= hi; b0 += 16) {
-      const int64_t k0 = std::max(lo, b0), k1 = std::min(hi, b0 + 15);
-      const int n = int(k1 - k0 + 1);
-      load_rows(a.k_type, a.k, k0 % a.kv_cap, a.kv_cap, k_row_bytes, k_off, n, D, kb);
-      load_rows(a.v_type, a.v, k0 % a.kv_cap, a.kv_cap, v_row_bytes, v_off, n, D, vb);
-      for (int h = 0; h < group; h += 4) {
-        const int nh = std::min(4, group - h);
-        const int hq0 = g * group + h;
-        float *mh = m + h, *lh = l + h, *ah = acc + size_t(h) * D;
-        switch (nh) {
-          case 4: heads<4, true>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
-          case 3: heads<3, true>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
-          case 2: heads<2, true>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
-          default: heads<1, true>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
+      for (int r = r0; r < r1; ++r) {
+        const int64_t j0 = std::max(row_lo(r), b0), j1 = std::min(row_hi(r), b0 + 15);
+        if (j0 > j1) continue;
+        const int nr = int(j1 - j0 + 1), i0 = int(j0 - k0);
+        float *m = st[r - r0], *l = m + group, *acc = l + group;
+        for (int h = 0; h < group; h += 4) {
+          const int nh = std::min(4, group - h);
+          const int hq0 = g * group + h;
+          float *mh = m + h, *lh = l + h, *ah = acc + size_t(h) * D;
+          switch (nh) {
+            case 4: heads<4, kTyped>(a, r, hq0, kp + i0, vp + i0, nr, mh, lh, ah); break;
+            case 3: heads<3, kTyped>(a, r, hq0, kp + i0, vp + i0, nr, mh, lh, ah); break;
+            case 2: heads<2, kTyped>(a, r, hq0, kp + i0, vp + i0, nr, mh, lh, ah); break;
+            default: heads<1, kTyped>(a, r, hq0, kp + i0, vp + i0, nr, mh, lh, ah); break;
+          }
         }
       }
     }

@@ -115,11 +115,11 @@ void run_float(const FloatGemmArgs &a, int64_t n0, int64_t n1) {
   FloatGemm<Avx512>::gemm<T>(a, n0, n1);
 }
 
-void attn_chunk(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l, float *acc) {
+void attn_rows(const AttentionArgs &a, int g, int r0, int r1, int64_t lo, int64_t hi, float *const *st) {
   if (a.k_type == KvType::F32 && a.v_type == KvType::F32) {
-    Attn<Avx512>::chunk(a, r, g, lo, hi, m, l, acc);
+    Attn<Avx512>::rows<false>(a, g, r0, r1, lo, hi, st);
   } else {
-    Attn<Avx512>::chunk_typed(a, r, g, lo, hi, m, l, acc);
+    Attn<Avx512>::rows<true>(a, g, r0, r1, lo, hi, st);
   }
 }
 
@@ -128,7 +128,7 @@ void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
 }
 
 const TierKernels kTable{Isa::Avx512,         run<GgmlType::Q8_0>, run<GgmlType::Q4_0>, run<GgmlType::Q5_0>,
-                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_chunk, gelu_mul, 16,
+                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_rows, gelu_mul, 16,
                          run_float<GgmlType::F32>, run_float<GgmlType::F16>, run_float<GgmlType::BF16>};
 
 }  // namespace
