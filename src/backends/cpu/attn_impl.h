@@ -139,6 +139,19 @@ struct Attn {
     }
   }
 
+  // Prefetches head g's elements of n ring rows of type t (rows of `row` elements) from
+  // slot on, wrapping at cap.
+  static void prefetch_rows(const void *ring, KvType t, int64_t slot, int64_t cap, int64_t row, int g, int D,
+                            int n) {
+    const size_t row_bytes = kv_row_bytes(t, row), off = kv_row_bytes(t, int64_t(g) * D),
+                 bytes = kv_row_bytes(t, D);
+    for (int i = 0; i < n; ++i) {
+      const char *p = static_cast<const char *>(ring) + size_t(slot) * row_bytes + off;
+      for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
+      if (++slot == cap) slot = 0;
+    }
+  }
+
   // Partial states over keys [lo, hi] (inclusive) for query rows [r0, r1) and KV head g:
   // row r's keys are those of [lo, hi] it sees (kv_begin(p) .. p for its position p);
   // rows that see none are skipped, their state untouched. st[r - r0]: row r's state,
@@ -206,20 +219,32 @@ struct Attn {
           if (++slot == a.kv_cap) slot = 0;
         }
       }
+      // The next block's rows are fetched while this one is computed: with one or two
+      // query rows the hardware prefetcher alone left the cores waiting on the ring.
+      if (b0 + 16 <= u_hi) {
+        const int nn = int(std::min(u_hi, b0 + 31) - (b0 + 16) + 1);
+        prefetch_rows(a.k, a.k_type, (b0 + 16) % a.kv_cap, a.kv_cap, int64_t(a.n_head_kv) * D, g, D, nn);
+        prefetch_rows(a.v, a.v_type, (b0 + 16) % a.kv_cap, a.kv_cap, int64_t(a.n_head_kv) * D, g, D, nn);
+      }
       for (int r = r0; r < r1; ++r) {
         const int64_t j0 = std::max(row_lo(r), b0), j1 = std::min(row_hi(r), b0 + 15);
         if (j0 > j1) continue;
         const int nr = int(j1 - j0 + 1), i0 = int(j0 - k0);
+        const float *kr[16], *vr[16];  // the row's keys of the block
+        for (int i = 0; i < nr; ++i) {
+          kr[i] = kp[i0 + i];
+          vr[i] = vp[i0 + i];
+        }
         float *m = st[r - r0], *l = m + group, *acc = l + group;
         for (int h = 0; h < group; h += 4) {
           const int nh = std::min(4, group - h);
           const int hq0 = g * group + h;
           float *mh = m + h, *lh = l + h, *ah = acc + size_t(h) * D;
           switch (nh) {
-            case 4: heads<4, kTyped>(a, r, hq0, kp + i0, vp + i0, nr, mh, lh, ah); break;
-            case 3: heads<3, kTyped>(a, r, hq0, kp + i0, vp + i0, nr, mh, lh, ah); break;
-            case 2: heads<2, kTyped>(a, r, hq0, kp + i0, vp + i0, nr, mh, lh, ah); break;
-            default: heads<1, kTyped>(a, r, hq0, kp + i0, vp + i0, nr, mh, lh, ah); break;
+            case 4: heads<4, kTyped>(a, r, hq0, kr, vr, nr, mh, lh, ah); break;
+            case 3: heads<3, kTyped>(a, r, hq0, kr, vr, nr, mh, lh, ah); break;
+            case 2: heads<2, kTyped>(a, r, hq0, kr, vr, nr, mh, lh, ah); break;
+            default: heads<1, kTyped>(a, r, hq0, kr, vr, nr, mh, lh, ah); break;
           }
         }
       }
