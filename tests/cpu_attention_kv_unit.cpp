@@ -208,6 +208,15 @@ TEST_P(CpuAttentionKv, NonFiniteRowsGiveTheSameBits) {
     b.out = got.data();
     attention_on_tier(isa, b, pool);
     ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * sizeof(float)));
+    for (int r = 0; r < rows; ++r) {  // one row per call: f16 and bf16 rings read in place
+      AttentionArgs c = b;
+      c.q = q.data() + size_t(r) * n_head * hd;
+      c.out = got.data() + size_t(r) * n_head * hd;
+      c.n_rows = 1;
+      c.q_pos0 = depth + r;
+      attention_on_tier(isa, c, pool);
+    }
+    ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * sizeof(float))) << "row by row";
   }
 }
 
