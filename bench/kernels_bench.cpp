@@ -145,7 +145,7 @@ BENCHMARK(BM_Attention)
     ->Unit(benchmark::kMicrosecond);
 
 // args: KV type (geist::KvType, of K and V), rows, cached positions before them. The same
-// geometry over typed rings (every key block read to f32 per query, attn_impl.h); GB/s counts the
+// geometry over typed rings (every key block read to f32 once per block of rows, attn_impl.h); GB/s counts the
 // ring bytes each query reads.
 void BM_AttentionKv(benchmark::State &st) {
   const auto t = geist::KvType(st.range(0));
@@ -177,6 +177,8 @@ void attention_kv_args(benchmark::internal::Benchmark *b) {
   for (int t = 0; t < 4; ++t) {
     b->Args({t, 1, 4095});   // decode at 4096 keys
     b->Args({t, 64, 4032});  // a chunk of 64 rows ending at 4096
+    b->Args({t, 1, 8191});   // and at 8192 (a global layer of pp64 / tg16 at depth 8192)
+    b->Args({t, 64, 8128});
   }
 }
 BENCHMARK(BM_AttentionKv)->Apply(attention_kv_args)->UseRealTime()->Unit(benchmark::kMicrosecond);

@@ -2,7 +2,8 @@
 // tier this CPU has, generic included: bit for bit the same attention, on the same tier,
 // over the rings read back to f32 by kv_load_rows. Ragged row counts, sliding windows over
 // wrapping rings, GQA, head dims 64/256/512, the decode path (key chunks split over
-// threads), 1 or 2 threads, and rings holding inf and NaN.
+// threads), blocks of rows sharing each key block, 1 to 3 threads, and rings holding inf
+// and NaN.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -116,6 +117,48 @@ TEST_P(CpuAttentionKv, TypedRingEqualsItsF32ReadBack) {
   }
 }
 
+// Long rings, many rows: the rows are walked in blocks that share every key block (their
+// size follows the thread count and the row count), and a row's bits must not depend on
+// which rows share its block: a chunk of rows equals each row alone (the decode path) on
+// 1, 2 and 3 threads, over several 256-key chunks, global and sliding, ring wrapping.
+TEST_P(CpuAttentionKv, RowBlocksEqualRowByRow) {
+  const auto [isa, t] = GetParam();
+  if (tier_missing(isa)) GEIST_SKIP(std::string("this CPU has no ") + isa_name(isa) + " tier");
+  std::mt19937 rng(77 + 4 * int(t.k) + int(t.v));
+  std::normal_distribution<float> nd;
+  const Geo geos[] = {{4, 1, 256, 0, 1000, 0}, {4, 1, 256, 300, 1000, 0}, {8, 2, 64, 0, 700, 0},
+                      {8, 2, 64, 100, 650, 0}};
+  const int rows = 40;
+  ThreadPool pool1(1), pool2(2), pool3(3);
+  for (const Geo &G : geos) {
+    SCOPED_TRACE(geo_name(G, rows));
+    const int64_t cap = G.window > 0 ? G.window + rows - 1 : G.depth + rows;
+    Ring k = make_ring(t.k, cap, G.n_kv, G.hd, rng), v = make_ring(t.v, cap, G.n_kv, G.hd, rng);
+    std::vector<float> q(size_t(rows) * G.n_head * G.hd);
+    for (float &x : q) x = nd(rng);
+    std::vector<float> one(q.size()), got(q.size());
+    AttentionArgs a{q.data(), k.typed.data(), v.typed.data(), one.data(),
+                    rows,     G.depth,        cap,            G.n_head,
+                    G.n_kv,   G.hd,           G.window,       1.0f / std::sqrt(float(G.hd)),
+                    t.k,      t.v};
+    for (int r = 0; r < rows; ++r) {
+      AttentionArgs c = a;
+      c.q = q.data() + size_t(r) * G.n_head * G.hd;
+      c.out = one.data() + size_t(r) * G.n_head * G.hd;
+      c.n_rows = 1;
+      c.q_pos0 = G.depth + r;
+      attention_on_tier(isa, c, pool2);
+    }
+    for (ThreadPool *pool : {&pool1, &pool2, &pool3}) {
+      SCOPED_TRACE(std::to_string(pool->n_threads()) + " threads");
+      std::fill(got.begin(), got.end(), -1.0f);
+      a.out = got.data();
+      attention_on_tier(isa, a, *pool);
+      ASSERT_EQ(0, std::memcmp(one.data(), got.data(), one.size() * sizeof(float)));
+    }
+  }
+}
+
 // Rings holding inf and NaN give the same bits as their f32 read-back: signaling NaNs
 // (the tiers' f16 widening quiets them, kv_load_rows keeps them; the first arithmetic
 // quiets them either way) and q8_0 blocks with a NaN or inf scale (a corrupt snapshot).
@@ -165,6 +208,15 @@ TEST_P(CpuAttentionKv, NonFiniteRowsGiveTheSameBits) {
     b.out = got.data();
     attention_on_tier(isa, b, pool);
     ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * sizeof(float)));
+    for (int r = 0; r < rows; ++r) {  // one row per call: f16 and bf16 rings read in place
+      AttentionArgs c = b;
+      c.q = q.data() + size_t(r) * n_head * hd;
+      c.out = got.data() + size_t(r) * n_head * hd;
+      c.n_rows = 1;
+      c.q_pos0 = depth + r;
+      attention_on_tier(isa, c, pool);
+    }
+    ASSERT_EQ(0, std::memcmp(ref.data(), got.data(), ref.size() * sizeof(float))) << "row by row";
   }
 }
 

@@ -1,4 +1,4 @@
-// Attention over one chunk of keys for one query row and one KV head (all the query
+// Attention over one chunk of keys for some query rows and one KV head (all the query
 // heads of its group), written once over a SIMD abstraction S (float ops: L lanes,
 // loadf/storef, fmadd, mul, sub, set1f, hsum4, exp) and instantiated by each tier TU.
 // Include only from a tier TU, inside its anonymous namespace.
@@ -25,15 +25,41 @@ struct Attn {
   static constexpr int L = S::L;
   static constexpr int DV = S::kAttnDv;  // vectors of head_dim per PV step
 
+  // How heads<> reads elements [d, d + L) of a key or value row as f32: an f32 row, or an
+  // f16 / bf16 row of the ring widened in place (exact: the values load_rows gives).
+  struct FromF32 {
+    using P = const float *;
+    static F at(P p, int d) { return S::loadf(p + d); }
+  };
+  struct FromF16 {
+    using P = const uint8_t *;
+    static F at(P p, int d) { return S::cvtph(p + 2 * d); }
+  };
+  struct FromBF16 {
+    using P = const uint8_t *;
+    static F at(P p, int d) { return S::cvtbf16(p + 2 * d); }
+  };
+
+  // A q8_0 row (blocks of an f16 scale d and 32 int8 q) in place: f32(d) * q_j as one f32
+  // multiply, load_rows' values. L divides 32, so [d, d + L) lies in one block.
+  struct FromQ8 {
+    using P = const uint8_t *;
+    static F at(P p, int d) {
+      const uint8_t *b = p + 34 * (d / 32);
+      return S::mul(S::cvt(S::load_s8_i32(b + 2 + d % 32)), S::set1f(S::half1(b)));
+    }
+  };
+
   // Scores of NH heads x 4 keys: s[h][i] = scale * q_h . k_i.
-  template <int NH>
-  static void scores4(const float *const q[], const float *const k[4], int D, float scale, float s[][16], int i0) {
+  template <int NH, class KL = FromF32>
+  static void scores4(const float *const q[], const typename KL::P k[4], int D, float scale, float s[][16],
+                      int i0) {
     F acc[NH][4];
     for (int h = 0; h < NH; ++h)
       for (int i = 0; i < 4; ++i) acc[h][i] = S::set1f(0.0f);
     for (int d = 0; d < D; d += L) {
       F kv[4];
-      for (int i = 0; i < 4; ++i) kv[i] = S::loadf(k[i] + d);
+      for (int i = 0; i < 4; ++i) kv[i] = KL::at(k[i], d);
       for (int h = 0; h < NH; ++h) {
         const F qv = S::loadf(q[h] + d);
         for (int i = 0; i < 4; ++i) acc[h][i] = S::fmadd(qv, kv[i], acc[h][i]);
@@ -44,8 +70,8 @@ struct Attn {
 
   // acc_h = acc_h * c_h + sum_i p[h][i] v_i for NH heads, n keys, over head_dim columns
   // [d_begin, d_end) in steps of W vectors.
-  template <int NH, int W>
-  static int pv_cols(float *const o[], const float c[], const float p[][16], const float *const v[16], int n,
+  template <int NH, int W, class VL = FromF32>
+  static int pv_cols(float *const o[], const float c[], const float p[][16], const typename VL::P v[16], int n,
                      int d_begin, int d_end) {
     int d0 = d_begin;
     for (; d0 + L * W <= d_end; d0 += L * W) {
@@ -56,7 +82,7 @@ struct Attn {
       }
       for (int i = 0; i < n; ++i) {
         F vv[W];
-        for (int t = 0; t < W; ++t) vv[t] = S::loadf(v[i] + d0 + t * L);
+        for (int t = 0; t < W; ++t) vv[t] = VL::at(v[i], d0 + t * L);
         for (int h = 0; h < NH; ++h) {
           const F pb = S::set1f(p[h][i]);
           for (int t = 0; t < W; ++t) acc[h][t] = S::fmadd(pb, vv[t], acc[h][t]);
@@ -67,18 +93,20 @@ struct Attn {
     }
     return d0;
   }
-  template <int NH>
-  static void pv(float *const o[], const float c[], const float p[][16], const float *const v[16], int n, int D) {
-    const int d = pv_cols<NH, DV>(o, c, p, v, n, 0, D);
-    pv_cols<NH, 1>(o, c, p, v, n, d, D);  // head_dim not a multiple of DV vectors
+  template <int NH, class VL = FromF32>
+  static void pv(float *const o[], const float c[], const float p[][16], const typename VL::P v[16], int n, int D) {
+    const int d = pv_cols<NH, DV, VL>(o, c, p, v, n, 0, D);
+    pv_cols<NH, 1, VL>(o, c, p, v, n, d, D);  // head_dim not a multiple of DV vectors
   }
 
-  // kTyped: chunk_typed's own copy, kept apart (no_icf: GCC would otherwise merge the
-  // identical instantiations), so that chunk alone calls heads<NH, false> and the
-  // compiler inlines it there exactly as it did before typed rings existed.
-  template <int NH, bool kTyped = false>
-  GEIST_NO_ICF static void heads(const AttentionArgs &a, int r, int hq0, const float *const kp[16],
-                                 const float *const vp[16], int n, float *m, float *l, float *acc) {
+  // kTyped: the typed rows' own copy, kept apart (no_icf: GCC would otherwise merge the
+  // identical instantiations), so that rows<false> alone calls heads<NH, false> and the
+  // compiler inlines it there as it did before typed rings existed.
+  // KL: how keys and values are read (FromF32: f32 rows; FromF16 / FromBF16: 16-bit ring
+  // rows in place).
+  template <int NH, bool kTyped = false, class KL = FromF32>
+  GEIST_NO_ICF static void heads(const AttentionArgs &a, int r, int hq0, const typename KL::P kp[16],
+                                 const typename KL::P vp[16], int n, float *m, float *l, float *acc) {
     const int D = a.head_dim;
     const float *q[NH];
     float *o[NH];
@@ -88,9 +116,9 @@ struct Attn {
     }
     alignas(64) float s[NH][16], p[NH][16];
     for (int i = 0; i < n; i += 4) {
-      const float *k4[4];
+      typename KL::P k4[4];
       for (int j = 0; j < 4; ++j) k4[j] = kp[i + j < n ? i + j : i];
-      scores4<NH>(q, k4, D, a.scale, s, i);
+      scores4<NH, KL>(q, k4, D, a.scale, s, i);
     }
     float c[NH];
     for (int h = 0; h < NH; ++h) {
@@ -104,7 +132,7 @@ struct Attn {
       l[h] = l[h] * c[h] + sum;
       m[h] = mx;
     }
-    pv<NH>(o, c, p, vp, n, D);
+    pv<NH, KL>(o, c, p, vp, n, D);
   }
 
   // Rows [slot, slot + n) of a ring of type t (wrapping at cap), from byte head_off of
@@ -139,80 +167,131 @@ struct Attn {
     }
   }
 
-  // Partial state over keys [lo, hi] (inclusive) for query row r, KV head g:
-  // m[h], l[h], acc[h][head_dim] for the group's heads h. F32 rings (k_type and v_type),
-  // read in place.
-  static void chunk(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l, float *acc) {
-    const int group = a.n_head / a.n_head_kv;
-    const int D = a.head_dim;
-    for (int h = 0; h < group; ++h) {
-      m[h] = -std::numeric_limits<float>::infinity();
-      l[h] = 0.0f;
-      std::fill(acc + size_t(h) * D, acc + size_t(h + 1) * D, 0.0f);
-    }
-    const size_t stride = size_t(a.n_head_kv) * D;
-    for (int64_t b0 = lo - lo % 16; b0 <= hi; b0 += 16) {
-      const int64_t k0 = std::max(lo, b0), k1 = std::min(hi, b0 + 15);
-      const int n = int(k1 - k0 + 1);
-      const float *kp[16], *vp[16];
-      int64_t slot = k0 % a.kv_cap;
-      for (int i = 0; i < n; ++i) {
-        kp[i] = static_cast<const float *>(a.k) + size_t(slot) * stride + size_t(g) * D;
-        vp[i] = static_cast<const float *>(a.v) + size_t(slot) * stride + size_t(g) * D;
-        if (++slot == a.kv_cap) slot = 0;
-      }
-      for (int h = 0; h < group; h += 4) {
-        const int nh = std::min(4, group - h);
-        const int hq0 = g * group + h;
-        float *mh = m + h, *lh = l + h, *ah = acc + size_t(h) * D;
-        switch (nh) {
-          case 4: heads<4>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
-          case 3: heads<3>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
-          case 2: heads<2>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
-          default: heads<1>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
-        }
-      }
+  // Prefetches head g's elements of n ring rows of type t (rows of `row` elements) from
+  // slot on, wrapping at cap.
+  static void prefetch_rows(const void *ring, KvType t, int64_t slot, int64_t cap, int64_t row, int g, int D,
+                            int n) {
+    const size_t row_bytes = kv_row_bytes(t, row), off = kv_row_bytes(t, int64_t(g) * D),
+                 bytes = kv_row_bytes(t, D);
+    for (int i = 0; i < n; ++i) {
+      const char *p = static_cast<const char *>(ring) + size_t(slot) * row_bytes + off;
+      for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o);
+      if (++slot == cap) slot = 0;
     }
   }
 
-  // The same state as chunk over typed rings (k_type or v_type not F32): each block of up to 16
-  // keys and values is read to per-thread f32 rows ([16][head_dim] each, in L1) by
-  // load_rows, then the same f32 code runs on them, so the bits are chunk's over the
-  // rings read back to f32.
-  static void chunk_typed(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l,
-                          float *acc) {
+  // Partial states over keys [lo, hi] (inclusive) for query rows [r0, r1) and KV head g:
+  // row r's keys are those of [lo, hi] it sees (kv_begin(p) .. p for its position p);
+  // rows that see none are skipped, their state untouched. st[r - r0]: row r's state,
+  // m[group], l[group], acc[group][head_dim] back to back.
+  //
+  // Each block of 16 keys is read once for all the rows (typed rings: read to f32 rows
+  // once, [16][head_dim] per ring, in L1) and every row that sees part of it runs heads
+  // on that part. A row's arithmetic is exactly that of a call for it alone over its own
+  // keys of [lo, hi]: the same blocks (aligned to 16 absolute positions), the same key
+  // counts, the same f32 values; the other rows of the call change nothing.
+  // kTyped: false reads F32 rings in place, true reads any types through load_rows;
+  // with KL FromF16 / FromBF16 / FromQ8 (both rings of that type), the rows are read in
+  // place and widened inside the dot products instead: for one query row the round trip through
+  // load_rows' f32 rows cost as much as the arithmetic (same values, same bits).
+  template <bool kTyped, class KL = FromF32>
+  static void rows(const AttentionArgs &a, int g, int r0, int r1, int64_t lo, int64_t hi, float *const *st) {
     const int group = a.n_head / a.n_head_kv;
     const int D = a.head_dim;
-    for (int h = 0; h < group; ++h) {
-      m[h] = -std::numeric_limits<float>::infinity();
-      l[h] = 0.0f;
-      std::fill(acc + size_t(h) * D, acc + size_t(h + 1) * D, 0.0f);
+    auto row_lo = [&](int r) {
+      const int64_t p = a.q_pos0 + r;
+      return std::max(lo, a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : int64_t(0));
+    };
+    auto row_hi = [&](int r) { return std::min(hi, a.q_pos0 + r); };
+    int64_t u_lo = hi + 1, u_hi = lo - 1;  // the union of the rows' keys
+    for (int r = r0; r < r1; ++r) {
+      const int64_t k0 = row_lo(r), k1 = row_hi(r);
+      if (k0 > k1) continue;
+      u_lo = std::min(u_lo, k0);
+      u_hi = std::max(u_hi, k1);
+      float *m = st[r - r0], *l = m + group, *acc = l + group;
+      for (int h = 0; h < group; ++h) {
+        m[h] = -std::numeric_limits<float>::infinity();
+        l[h] = 0.0f;
+      }
+      std::fill(acc, acc + size_t(group) * D, 0.0f);
     }
-    static thread_local std::vector<float> buf;
-    if (buf.size() < size_t(32) * D) buf.resize(size_t(32) * D);
-    float *kb = buf.data(), *vb = kb + size_t(16) * D;
-    const int64_t row = int64_t(a.n_head_kv) * D, off = int64_t(g) * D;
-    const size_t k_row_bytes = kv_row_bytes(a.k_type, row), k_off = kv_row_bytes(a.k_type, off);
-    const size_t v_row_bytes = kv_row_bytes(a.v_type, row), v_off = kv_row_bytes(a.v_type, off);
-    const float *kp[16], *vp[16];
-    for (int i = 0; i < 16; ++i) {
-      kp[i] = kb + size_t(i) * D;
-      vp[i] = vb + size_t(i) * D;
+    if (u_lo > u_hi) return;
+    constexpr bool kInPlace16 = !std::is_same_v<KL, FromF32>;
+    using P = typename KL::P;
+    P kp[16], vp[16];
+    float *kb = nullptr, *vb = nullptr;
+    size_t k_row_bytes = 0, k_off = 0, v_row_bytes = 0, v_off = 0;
+    if constexpr (kInPlace16) {
+      const int64_t row = int64_t(a.n_head_kv) * D, off = int64_t(g) * D;
+      k_row_bytes = kv_row_bytes(a.k_type, row);
+      k_off = kv_row_bytes(a.k_type, off);
+      v_row_bytes = kv_row_bytes(a.v_type, row);
+      v_off = kv_row_bytes(a.v_type, off);
+    } else if constexpr (kTyped) {
+      static thread_local std::vector<float> buf;
+      if (buf.size() < size_t(32) * D) buf.resize(size_t(32) * D);
+      kb = buf.data();
+      vb = kb + size_t(16) * D;
+      const int64_t row = int64_t(a.n_head_kv) * D, off = int64_t(g) * D;
+      k_row_bytes = kv_row_bytes(a.k_type, row);
+      k_off = kv_row_bytes(a.k_type, off);
+      v_row_bytes = kv_row_bytes(a.v_type, row);
+      v_off = kv_row_bytes(a.v_type, off);
+      for (int i = 0; i < 16; ++i) {
+        kp[i] = kb + size_t(i) * D;
+        vp[i] = vb + size_t(i) * D;
+      }
     }
-    for (int64_t b0 = lo - lo % 16; b0 <= hi; b0 += 16) {
-      const int64_t k0 = std::max(lo, b0), k1 = std::min(hi, b0 + 15);
+    const size_t stride = size_t(a.n_head_kv) * D;
+    for (int64_t b0 = u_lo - u_lo % 16; b0 <= u_hi; b0 += 16) {
+      const int64_t k0 = std::max(u_lo, b0), k1 = std::min(u_hi, b0 + 15);
       const int n = int(k1 - k0 + 1);
-      load_rows(a.k_type, a.k, k0 % a.kv_cap, a.kv_cap, k_row_bytes, k_off, n, D, kb);
-      load_rows(a.v_type, a.v, k0 % a.kv_cap, a.kv_cap, v_row_bytes, v_off, n, D, vb);
-      for (int h = 0; h < group; h += 4) {
-        const int nh = std::min(4, group - h);
-        const int hq0 = g * group + h;
-        float *mh = m + h, *lh = l + h, *ah = acc + size_t(h) * D;
-        switch (nh) {
-          case 4: heads<4, true>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
-          case 3: heads<3, true>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
-          case 2: heads<2, true>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
-          default: heads<1, true>(a, r, hq0, kp, vp, n, mh, lh, ah); break;
+      if constexpr (kInPlace16) {
+        int64_t slot = k0 % a.kv_cap;
+        for (int i = 0; i < n; ++i) {
+          kp[i] = static_cast<const uint8_t *>(a.k) + size_t(slot) * k_row_bytes + k_off;
+          vp[i] = static_cast<const uint8_t *>(a.v) + size_t(slot) * v_row_bytes + v_off;
+          if (++slot == a.kv_cap) slot = 0;
+        }
+      } else if constexpr (kTyped) {
+        load_rows(a.k_type, a.k, k0 % a.kv_cap, a.kv_cap, k_row_bytes, k_off, n, D, kb);
+        load_rows(a.v_type, a.v, k0 % a.kv_cap, a.kv_cap, v_row_bytes, v_off, n, D, vb);
+      } else {
+        int64_t slot = k0 % a.kv_cap;
+        for (int i = 0; i < n; ++i) {
+          kp[i] = static_cast<const float *>(a.k) + size_t(slot) * stride + size_t(g) * D;
+          vp[i] = static_cast<const float *>(a.v) + size_t(slot) * stride + size_t(g) * D;
+          if (++slot == a.kv_cap) slot = 0;
+        }
+      }
+      // The next block's rows are fetched while this one is computed: with one or two
+      // query rows the hardware prefetcher alone left the cores waiting on the ring.
+      if (b0 + 16 <= u_hi) {
+        const int nn = int(std::min(u_hi, b0 + 31) - (b0 + 16) + 1);
+        prefetch_rows(a.k, a.k_type, (b0 + 16) % a.kv_cap, a.kv_cap, int64_t(a.n_head_kv) * D, g, D, nn);
+        prefetch_rows(a.v, a.v_type, (b0 + 16) % a.kv_cap, a.kv_cap, int64_t(a.n_head_kv) * D, g, D, nn);
+      }
+      for (int r = r0; r < r1; ++r) {
+        const int64_t j0 = std::max(row_lo(r), b0), j1 = std::min(row_hi(r), b0 + 15);
+        if (j0 > j1) continue;
+        const int nr = int(j1 - j0 + 1), i0 = int(j0 - k0);
+        P kr[16], vr[16];  // the row's keys of the block
+        for (int i = 0; i < nr; ++i) {
+          kr[i] = kp[i0 + i];
+          vr[i] = vp[i0 + i];
+        }
+        float *m = st[r - r0], *l = m + group, *acc = l + group;
+        for (int h = 0; h < group; h += 4) {
+          const int nh = std::min(4, group - h);
+          const int hq0 = g * group + h;
+          float *mh = m + h, *lh = l + h, *ah = acc + size_t(h) * D;
+          switch (nh) {
+            case 4: heads<4, kTyped, KL>(a, r, hq0, kr, vr, nr, mh, lh, ah); break;
+            case 3: heads<3, kTyped, KL>(a, r, hq0, kr, vr, nr, mh, lh, ah); break;
+            case 2: heads<2, kTyped, KL>(a, r, hq0, kr, vr, nr, mh, lh, ah); break;
+            default: heads<1, kTyped, KL>(a, r, hq0, kr, vr, nr, mh, lh, ah); break;
+          }
         }
       }
     }

@@ -239,7 +239,8 @@ class CpuExec final : public Exec {
     for (const Seq &q : seqs_) q.kv->append(l, q.pos0, q.n, k.rows_from(q.row0).p, v.rows_from(q.row0).p);
   }
   void attention(int l, Act q, Act out, int n_head, int head_dim, int window, float scale) override {
-    const OpProfile::Scope ps = scope("attention");
+    // Global layers read every cached position, sliding ones at most the window.
+    const OpProfile::Scope ps = scope(window > 0 ? "attention, sliding" : "attention, global");
     attn_args_.clear();
     for (const Seq &sq : seqs_) {
       const CpuKvStore &c = *sq.kv;

@@ -584,37 +584,56 @@ void visible(const AttentionArgs &a, int r, int64_t *lo, int64_t *hi) {
 
 thread_local std::vector<float> t_attn_scratch;
 thread_local std::vector<int> t_attn_unit0;
+thread_local std::vector<int> t_attn_task0;
 thread_local std::vector<int64_t> t_attn_first;
 
-// One query row's attention for KV head g, its chunks walked in order by one task.
-void attention_unit(AttnChunkFn chunk, const AttentionArgs &a, int r, int g) {
+// Most query rows one task of attention_blocks walks together: the rows' running and
+// partial states ([rows][2][group][head_dim + 2] f32: 128 KiB at 16 rows, 4 heads of 256)
+// stay in L2 while each block of keys is read once for all of them.
+constexpr int kAttnRowBlock = 16;
+
+// Query rows [r0, r1) of one sequence for KV head g, their chunks walked in order: for
+// each chunk, one kernel call computes every row's partial state over it (the keys read
+// once for the rows), then each row merges its partial into its running state, in chunk
+// order. A row's bits are those of a walk over its chunks alone.
+void attention_rows(AttnRowsFn kernel, const AttentionArgs &a, int g, int r0, int r1) {
   const int group = a.n_head / a.n_head_kv;
   const int D = a.head_dim;
+  const int n = r1 - r0;
   const size_t state_floats = size_t(group) * (D + 2);
   thread_local std::vector<float> buf;
-  if (buf.size() < 2 * state_floats) buf.resize(2 * state_floats);
+  if (buf.size() < 2 * size_t(n) * state_floats) buf.resize(2 * size_t(n) * state_floats);
   auto view = [&](float *base) { return AttnState{base, base + group, base + 2 * group}; };
-  int64_t lo, hi;
-  visible(a, r, &lo, &hi);
-  AttnState st = view(buf.data()), part = view(buf.data() + state_floats);
-  for (int64_t c = lo / kAttnChunk; c <= hi / kAttnChunk; ++c) {
-    const int64_t c_lo = std::max(lo, c * kAttnChunk), c_hi = std::min(hi, c * kAttnChunk + kAttnChunk - 1);
-    if (c == lo / kAttnChunk) {
-      chunk(a, r, g, c_lo, c_hi, st.m, st.l, st.acc);
-    } else {
-      chunk(a, r, g, c_lo, c_hi, part.m, part.l, part.acc);
-      merge_state(st, part, group, D);
+  auto running = [&](int i) { return buf.data() + size_t(i) * state_floats; };
+  auto partial = [&](int i) { return buf.data() + size_t(n + i) * state_floats; };
+  float *st[kAttnRowBlock];
+  int64_t lo0, hi0, lo1, hi1;
+  visible(a, r0, &lo0, &hi0);
+  visible(a, r1 - 1, &lo1, &hi1);  // kv_begin and the position grow with the row
+  for (int64_t c = lo0 / kAttnChunk; c <= hi1 / kAttnChunk; ++c) {
+    const int64_t c_lo = c * kAttnChunk, c_hi = c_lo + kAttnChunk - 1;
+    for (int i = 0; i < n; ++i) {
+      int64_t lo, hi;
+      visible(a, r0 + i, &lo, &hi);
+      st[i] = c == lo / kAttnChunk ? running(i) : partial(i);
+    }
+    kernel(a, g, r0, r1, c_lo, c_hi, st);
+    for (int i = 0; i < n; ++i) {
+      int64_t lo, hi;
+      visible(a, r0 + i, &lo, &hi);
+      if (c > lo / kAttnChunk && c <= hi / kAttnChunk) merge_state(view(running(i)), view(partial(i)), group, D);
     }
   }
-  finish_state(st, a, r, g, group);
+  for (int i = 0; i < n; ++i) finish_state(view(running(i)), a, r0 + i, g, group);
 }
 
 // The attention of n_seq sequences (each its own queries, ring and positions; the same
 // head geometry) in at most two pool runs. Units are (sequence, query row, KV head).
-// Many units: one task per unit walks its chunks. Few units (decode): one task per
-// (unit, chunk), then one task per unit merges its partials in chunk order. Both give
-// the same bits for a unit, whatever the other sequences in the call.
-void attention_tiled(AttnChunkFn chunk, const AttentionArgs *as, int n_seq, ThreadPool &pool) {
+// Many units: one task per block of up to kAttnRowBlock rows of one sequence and KV head
+// walks their chunks together. Few units (decode): one task per (unit, chunk), then one
+// task per unit merges its partials in chunk order. Every path gives a unit the same
+// bits, whatever the other rows and sequences in the call and the thread count.
+void attention_tiled(AttnRowsFn kernel, const AttentionArgs *as, int n_seq, ThreadPool &pool) {
   const int group = as[0].n_head / as[0].n_head_kv;
   const int D = as[0].head_dim;
   const size_t state_floats = size_t(group) * (D + 2);
@@ -623,6 +642,21 @@ void attention_tiled(AttnChunkFn chunk, const AttentionArgs *as, int n_seq, Thre
   unit0.assign(size_t(n_seq) + 1, 0);
   for (int s = 0; s < n_seq; ++s) unit0[s + 1] = unit0[s] + as[s].n_rows * as[s].n_head_kv;
   const int units = unit0[n_seq];
+  if (units >= 2 * pool.n_threads()) {
+    // Blocks of b rows: small enough that every thread gets a few tasks, at most
+    // kAttnRowBlock. Which rows share a task changes no row's bits.
+    const int b = std::clamp(units / (2 * pool.n_threads()), 1, kAttnRowBlock);
+    std::vector<int> &task0 = t_attn_task0;  // [n_seq + 1]: first task of each sequence
+    task0.assign(size_t(n_seq) + 1, 0);
+    for (int s = 0; s < n_seq; ++s) task0[s + 1] = task0[s] + as[s].n_head_kv * ((as[s].n_rows + b - 1) / b);
+    pool.run(task0[n_seq], [&](int task, int) {
+      const int s = int(std::upper_bound(task0.begin(), task0.end(), task) - task0.begin()) - 1;
+      const int blocks = (as[s].n_rows + b - 1) / b;
+      const int g = (task - task0[s]) / blocks, r0 = (task - task0[s]) % blocks * b;
+      attention_rows(kernel, as[s], g, r0, std::min(as[s].n_rows, r0 + b));
+    });
+    return;
+  }
   // Unit u -> (sequence, row, KV head).
   auto locate = [&](int u, int *s, int *r, int *g) {
     // The last sequence whose first unit is <= u: it has units (u < units).
@@ -631,14 +665,6 @@ void attention_tiled(AttnChunkFn chunk, const AttentionArgs *as, int n_seq, Thre
     *r = (u - unit0[q]) / as[q].n_head_kv;
     *g = (u - unit0[q]) % as[q].n_head_kv;
   };
-  if (units >= 2 * pool.n_threads()) {
-    pool.run(units, [&](int task, int) {
-      int s, r, g;
-      locate(task, &s, &r, &g);
-      attention_unit(chunk, as[s], r, g);
-    });
-    return;
-  }
   auto view = [&](float *base) { return AttnState{base, base + group, base + 2 * group}; };
   std::vector<int64_t> &first = t_attn_first;  // [units + 1]: first chunk task of each unit
   first.assign(size_t(units) + 1, 0);
@@ -658,9 +684,8 @@ void attention_tiled(AttnChunkFn chunk, const AttentionArgs *as, int n_seq, Thre
     int64_t lo, hi;
     visible(as[s], r, &lo, &hi);
     const int64_t c = lo / kAttnChunk + (task - first[u]);
-    const int64_t c_lo = std::max(lo, c * kAttnChunk), c_hi = std::min(hi, c * kAttnChunk + kAttnChunk - 1);
-    AttnState p = view(parts.data() + size_t(task) * state_floats);
-    chunk(as[s], r, g, c_lo, c_hi, p.m, p.l, p.acc);
+    float *p = parts.data() + size_t(task) * state_floats;
+    kernel(as[s], g, r, r + 1, c * kAttnChunk, c * kAttnChunk + kAttnChunk - 1, &p);
   });
   pool.run(units, [&](int u, int) {
     int s, r, g;
@@ -693,11 +718,11 @@ void attention_seqs_on_tier(Isa isa, const AttentionArgs *as, int n_seq, ThreadP
                 "attention over sequences of different head geometry");
   }
   const TierKernels *tk = isa_supported(isa) ? tier_kernels(isa) : nullptr;
-  if (!tk || !tk->attn_chunk || a.head_dim % tk->lanes != 0) {
+  if (!tk || !tk->attn_rows || a.head_dim % tk->lanes != 0) {
     for (int s = 0; s < n_seq; ++s) attention_generic(as[s], pool);
     return;
   }
-  attention_tiled(tk->attn_chunk, as, n_seq, pool);
+  attention_tiled(tk->attn_rows, as, n_seq, pool);
 }
 
 }  // namespace geist::cpu

@@ -53,17 +53,19 @@ struct FloatGemmArgs {
 
 using FloatGemmFn = void (*)(const FloatGemmArgs &a, int64_t n0, int64_t n1);
 
-// Attention's partial state over keys [lo, hi] (inclusive, all visible) for query row r
-// and KV head g: m[h], l[h], acc[h][head_dim] for the n_head / n_head_kv query heads of
-// the group (attn_impl.h). head_dim must be a multiple of the tier's lanes. Any k_type,
-// v_type: typed rings are read to f32 a block of keys at a time.
-using AttnChunkFn = void (*)(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l,
-                             float *acc);
+// Attention's partial states over keys [lo, hi] (inclusive) for query rows [r0, r1) and
+// KV head g (attn_impl.h, Attn::rows): row r's state, at st[r - r0], holds m[group],
+// l[group], acc[group][head_dim] for the n_head / n_head_kv query heads of the group, over
+// the keys of [lo, hi] the row sees; a row that sees none is left untouched. head_dim
+// must be a multiple of the tier's lanes. Any k_type, v_type: typed rings are read to f32
+// a block of keys at a time, once for all the rows. A row's bits do not depend on r0, r1.
+using AttnRowsFn = void (*)(const AttentionArgs &a, int g, int r0, int r1, int64_t lo, int64_t hi,
+                            float *const *st);
 
 struct TierKernels {
   Isa isa;
   GemmFn q8_0, q4_0, q5_0, q4_k, q5_k, q6_k;  // nullptr: not implemented on this tier
-  AttnChunkFn attn_chunk;
+  AttnRowsFn attn_rows;
   void (*gelu_mul)(const float *gate, const float *up, float *out, int64_t n);
   int lanes;  // f32 lanes per vector
   FloatGemmFn f32, f16, bf16;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "backends/cpu/qgemm.h"
@@ -57,6 +58,12 @@ struct Avx512 {
     __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
     u = _mm_add_ps(u, _mm_movehl_ps(u, u));
     return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+  }
+  // The f16 at p (unaligned) as a float (F16C: exact; a signaling NaN comes back quiet).
+  static float half1(const uint8_t *p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
   }
   static F set1f(float v) { return _mm512_set1_ps(v); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
@@ -115,11 +122,18 @@ void run_float(const FloatGemmArgs &a, int64_t n0, int64_t n1) {
   FloatGemm<Avx512>::gemm<T>(a, n0, n1);
 }
 
-void attn_chunk(const AttentionArgs &a, int r, int g, int64_t lo, int64_t hi, float *m, float *l, float *acc) {
+void attn_rows(const AttentionArgs &a, int g, int r0, int r1, int64_t lo, int64_t hi, float *const *st) {
+  using A = Attn<Avx512>;
   if (a.k_type == KvType::F32 && a.v_type == KvType::F32) {
-    Attn<Avx512>::chunk(a, r, g, lo, hi, m, l, acc);
+    A::rows<false>(a, g, r0, r1, lo, hi, st);
+  } else if (r1 - r0 == 1 && a.k_type == KvType::F16 && a.v_type == KvType::F16) {
+    A::rows<true, A::FromF16>(a, g, r0, r1, lo, hi, st);  // one row: widened in place
+  } else if (r1 - r0 == 1 && a.k_type == KvType::BF16 && a.v_type == KvType::BF16) {
+    A::rows<true, A::FromBF16>(a, g, r0, r1, lo, hi, st);
+  } else if (r1 - r0 == 1 && a.k_type == KvType::Q8_0 && a.v_type == KvType::Q8_0) {
+    A::rows<true, A::FromQ8>(a, g, r0, r1, lo, hi, st);
   } else {
-    Attn<Avx512>::chunk_typed(a, r, g, lo, hi, m, l, acc);
+    A::rows<true>(a, g, r0, r1, lo, hi, st);
   }
 }
 
@@ -128,7 +142,7 @@ void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
 }
 
 const TierKernels kTable{Isa::Avx512,         run<GgmlType::Q8_0>, run<GgmlType::Q4_0>, run<GgmlType::Q5_0>,
-                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_chunk, gelu_mul, 16,
+                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_rows, gelu_mul, 16,
                          run_float<GgmlType::F32>, run_float<GgmlType::F16>, run_float<GgmlType::BF16>};
 
 }  // namespace
