@@ -296,4 +296,20 @@ struct Attn {
       }
     }
   }
+
+  // rows() with the reader for the rings' types: F32 in place; one query row over two f16,
+  // bf16 or q8_0 rings widened in place inside the dots; anything else through load_rows.
+  static void rows_any(const AttentionArgs &a, int g, int r0, int r1, int64_t lo, int64_t hi, float *const *st) {
+    if (a.k_type == KvType::F32 && a.v_type == KvType::F32) {
+      rows<false>(a, g, r0, r1, lo, hi, st);
+    } else if (r1 - r0 == 1 && a.k_type == KvType::F16 && a.v_type == KvType::F16) {
+      rows<true, FromF16>(a, g, r0, r1, lo, hi, st);
+    } else if (r1 - r0 == 1 && a.k_type == KvType::BF16 && a.v_type == KvType::BF16) {
+      rows<true, FromBF16>(a, g, r0, r1, lo, hi, st);
+    } else if (r1 - r0 == 1 && a.k_type == KvType::Q8_0 && a.v_type == KvType::Q8_0) {
+      rows<true, FromQ8>(a, g, r0, r1, lo, hi, st);
+    } else {
+      rows<true>(a, g, r0, r1, lo, hi, st);
+    }
+  }
 };

@@ -123,18 +123,7 @@ void run_float(const FloatGemmArgs &a, int64_t n0, int64_t n1) {
 }
 
 void attn_rows(const AttentionArgs &a, int g, int r0, int r1, int64_t lo, int64_t hi, float *const *st) {
-  using A = Attn<Avx512>;
-  if (a.k_type == KvType::F32 && a.v_type == KvType::F32) {
-    A::rows<false>(a, g, r0, r1, lo, hi, st);
-  } else if (r1 - r0 == 1 && a.k_type == KvType::F16 && a.v_type == KvType::F16) {
-    A::rows<true, A::FromF16>(a, g, r0, r1, lo, hi, st);  // one row: widened in place
-  } else if (r1 - r0 == 1 && a.k_type == KvType::BF16 && a.v_type == KvType::BF16) {
-    A::rows<true, A::FromBF16>(a, g, r0, r1, lo, hi, st);
-  } else if (r1 - r0 == 1 && a.k_type == KvType::Q8_0 && a.v_type == KvType::Q8_0) {
-    A::rows<true, A::FromQ8>(a, g, r0, r1, lo, hi, st);
-  } else {
-    A::rows<true>(a, g, r0, r1, lo, hi, st);
-  }
+  Attn<Avx512>::rows_any(a, g, r0, r1, lo, hi, st);
 }
 
 void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
