@@ -342,9 +342,12 @@ CUDA_TEST(CudaOps, MatmulEveryTypeBitExact) {
   }
 }
 
-// The K-quant matrix-vector kernel with 2, 4 and 8 warps per output (matrices with few
-// outputs; long rows: 13, 14, 40 and 130 super-blocks, the last past the split's 128) and
-// 1-2 rows, as a single matrix and as a set of three: bit-exact against the CPU oracle.
+// The K-quant matrix-vector kernels with several warps per output (matrices with few
+// outputs; long rows: 13, 14, 40 and 130 super-blocks, the last past the dp4a kernel's split
+// limit of 128 and past the tensor-core kernel's shared memory) and 1-8 rows, as a single
+// matrix and as a set of three: bit-exact against the CPU oracle. ctest runs it again with
+// GEIST_CUDA_MVMMA_ROWS=0 (the dp4a kernel) and GEIST_CUDA_MVMMA_P=1/2/4/8 (the tensor-core
+// kernel, one row included, with that many warps per 16 outputs).
 CUDA_TEST(CudaOps, MatvecSplitBitExact) {
   REQUIRE_CUDA();
   ThreadPool pool(4);
@@ -355,13 +358,13 @@ CUDA_TEST(CudaOps, MatvecSplitBitExact) {
     for (int64_t k : {int64_t(256) * 13, int64_t(256) * 14, int64_t(256) * 40, int64_t(256) * 130}) {
       SCOPED_TRACE(std::string(quant::type_name(t)) + " K=" + std::to_string(k));
       const std::vector<uint8_t> w = random_matrix(t, k, kN, rng);
-      const std::vector<float> x = random_acts(2, k, rng);
-      std::vector<float> want(size_t(2) * kN);
-      cpu::matmul_generic(view_of(w, t, k, kN), x.data(), want.data(), 2, pool);
+      const std::vector<float> x = random_acts(8, k, rng);
+      std::vector<float> want(size_t(8) * kN);
+      cpu::matmul_generic(view_of(w, t, k, kN), x.data(), want.data(), 8, pool);
       DevBuf dw(w), dx(x), dy(want.size() * 4), dy2(want.size() * 4), dy3(want.size() * 4);
       const cu::DevMatrix m = dev_matrix(dw, t, k, kN);
-      DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m, 2)));
-      for (int n : {1, 2}) {
+      DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m, 8)));
+      for (int n : {1, 2, 3, 5, 8}) {
         CU_OK(cu::memset_async(dy.as(), 0xFF, want.size() * 4, cuda_env().s));
         CU_OK(cu::matmul(m, dx.as<float>(), dy.as<float>(), n, cu::ActMode::Q8, scratch.as(), cuda_env().s));
         std::vector<float> got = dy.get<float>(size_t(n) * kN);

@@ -17,6 +17,7 @@
 // run of dp4a (matrix-vector) or one int8 MMA (m16n8k32 or m16n8k16) per tile.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "backends/cuda/common.cuh"
@@ -656,27 +657,75 @@ __global__ void __launch_bounds__(128)
 constexpr int kSkWarps = 8;
 
 // The lane's quants of output row `blk` for every sub-block: 32-element sub-blocks j in
-// q[2 j], q[2 j + 1]; 16-element ones in q[j].
+// q[2 j], q[2 j + 1]; 16-element ones in q[j]. Two steps: frag_raw loads the lane's bytes
+// (KQ<T>::kRaw words), frag_unpack turns them into the signed bytes, so a kernel can hold
+// the raw words of its next block while it computes the current one.
 template <GgmlType T>
-__device__ __forceinline__ void frag_quants(const uint8_t *b, int tq, uint32_t q[16]) {
+constexpr int kRaw = T == GgmlType::Q4_K ? 8 : T == GgmlType::Q5_K ? 10 : T == GgmlType::Q6_K ? 12
+                   : T == GgmlType::Q3_K ? 6 : 4;
+
+// A4: b is 4-byte aligned (Q6_K's 210-byte and Q3_K's 110-byte blocks are every other one),
+// so the 4-byte pieces are single loads.
+template <GgmlType T, bool A4 = false>
+__device__ __forceinline__ void frag_raw(const uint8_t *b, int tq, uint32_t r[kRaw<T>]) {
   auto ld4 = [](const uint8_t *p) {  // 4 bytes from a 2-byte aligned address
-    const auto *h = reinterpret_cast<const uint16_t *>(p);
-    return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
+    if constexpr (A4) {
+      return *reinterpret_cast<const uint32_t *>(p);
+    } else {
+      const auto *h = reinterpret_cast<const uint16_t *>(p);
+      return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
+    }
   };
   if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
     const uint8_t *qs = b + (T == GgmlType::Q4_K ? 16 : 48);
-    uint2 hv = make_uint2(0, 0);
-    if constexpr (T == GgmlType::Q5_K) hv = *reinterpret_cast<const uint2 *>(b + 16 + 8 * tq);
 #pragma unroll
     for (int p = 0; p < 4; ++p) {
       const uint2 v = *reinterpret_cast<const uint2 *>(qs + 32 * p + 8 * tq);
-      uint32_t lo0 = v.x & 0x0F0F0F0Fu, lo1 = v.y & 0x0F0F0F0Fu;
-      uint32_t hi0 = (v.x >> 4) & 0x0F0F0F0Fu, hi1 = (v.y >> 4) & 0x0F0F0F0Fu;
+      r[2 * p] = v.x;
+      r[2 * p + 1] = v.y;
+    }
+    if constexpr (T == GgmlType::Q5_K) {
+      const uint2 hv = *reinterpret_cast<const uint2 *>(b + 16 + 8 * tq);
+      r[8] = hv.x;
+      r[9] = hv.y;
+    }
+  } else if constexpr (T == GgmlType::Q6_K) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) r[4 * h + u] = ld4(b + 64 * h + 16 * u + 4 * tq);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) r[8 + 2 * h + u] = ld4(b + 128 + 32 * h + 16 * u + 4 * tq);
+    }
+  } else if constexpr (T == GgmlType::Q3_K) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      r[u] = ld4(b + 16 * u + 4 * tq);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) r[2 + 2 * h + u] = ld4(b + 32 + 32 * h + 16 * u + 4 * tq);
+    }
+  } else if constexpr (T == GgmlType::Q2_K) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) r[2 * h + u] = ld4(b + 16 + 32 * h + 16 * u + 4 * tq);
+    }
+  }
+}
+
+template <GgmlType T>
+__device__ __forceinline__ void frag_unpack(const uint32_t r[kRaw<T>], uint32_t q[16]) {
+  if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t x = r[2 * p], y = r[2 * p + 1];
+      uint32_t lo0 = x & 0x0F0F0F0Fu, lo1 = y & 0x0F0F0F0Fu;
+      uint32_t hi0 = (x >> 4) & 0x0F0F0F0Fu, hi1 = (y >> 4) & 0x0F0F0F0Fu;
       if constexpr (T == GgmlType::Q5_K) {
-        lo0 |= ((hv.x >> (2 * p)) & 0x01010101u) << 4;
-        lo1 |= ((hv.y >> (2 * p)) & 0x01010101u) << 4;
-        hi0 |= ((hv.x >> (2 * p + 1)) & 0x01010101u) << 4;
-        hi1 |= ((hv.y >> (2 * p + 1)) & 0x01010101u) << 4;
+        lo0 |= ((r[8] >> (2 * p)) & 0x01010101u) << 4;
+        lo1 |= ((r[9] >> (2 * p)) & 0x01010101u) << 4;
+        hi0 |= ((r[8] >> (2 * p + 1)) & 0x01010101u) << 4;
+        hi1 |= ((r[9] >> (2 * p + 1)) & 0x01010101u) << 4;
       }
       q[4 * p] = lo0;
       q[4 * p + 1] = lo1;
@@ -687,13 +736,10 @@ __device__ __forceinline__ void frag_quants(const uint8_t *b, int tq, uint32_t q
     // Element l of half h: ql[64 h + l % 64] nibble l / 64, qh[32 h + l % 32] bits 2 (l / 32).
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      uint32_t qh[2];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) qh[u] = ld4(b + 128 + 32 * h + 16 * u + 4 * tq);
 #pragma unroll
       for (int u = 0; u < 4; ++u) {  // l0 % 64 = 16 u: sub-blocks 8 h + u (low nibble), 8 h + 4 + u (high)
-        const uint32_t l = ld4(b + 64 * h + 16 * u + 4 * tq);
-        const uint32_t hb = qh[u % 2];
+        const uint32_t l = r[4 * h + u];
+        const uint32_t hb = r[8 + 2 * h + u % 2];
         const int s_lo = 2 * (u / 2), s_hi = 2 * (2 + u / 2);
         q[8 * h + u] = __vsub4((l & 0x0F0F0F0Fu) | (((hb >> s_lo) & 0x03030303u) << 4), 0x20202020u);
         q[8 * h + 4 + u] = __vsub4(((l >> 4) & 0x0F0F0F0Fu) | (((hb >> s_hi) & 0x03030303u) << 4), 0x20202020u);
@@ -703,10 +749,10 @@ __device__ __forceinline__ void frag_quants(const uint8_t *b, int tq, uint32_t q
     // Element l of half h: qs[32 + 32 h + l % 32] bits 2 (l / 32), hmask[l % 32] bit 4 h + l / 32.
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-      const uint32_t hm = ld4(b + 16 * u + 4 * tq);
+      const uint32_t hm = r[u];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint32_t v = ld4(b + 32 + 32 * h + 16 * u + 4 * tq);
+        const uint32_t v = r[2 + 2 * h + u];
 #pragma unroll
         for (int s = 0; s < 4; ++s) {  // sub-block 8 h + 2 s + u
           q[8 * h + 2 * s + u] =
@@ -719,7 +765,7 @@ __device__ __forceinline__ void frag_quants(const uint8_t *b, int tq, uint32_t q
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
-        const uint32_t v = ld4(b + 16 + 32 * h + 16 * u + 4 * tq);
+        const uint32_t v = r[2 * h + u];
 #pragma unroll
         for (int s = 0; s < 4; ++s) q[8 * h + 2 * s + u] = (v >> (2 * s)) & 0x03030303u;
       }
@@ -727,12 +773,23 @@ __device__ __forceinline__ void frag_quants(const uint8_t *b, int tq, uint32_t q
   }
 }
 
-// The scale bytes of a super-block in registers (up to 16), and sub_scale from them.
 template <GgmlType T>
+__device__ __forceinline__ void frag_quants(const uint8_t *b, int tq, uint32_t q[16]) {
+  uint32_t r[kRaw<T>];
+  frag_raw<T>(b, tq, r);
+  frag_unpack<T>(r, q);
+}
+
+// The scale bytes of a super-block in registers (up to 16), and sub_scale from them.
+template <GgmlType T, bool A4 = false>
 __device__ __forceinline__ void load_scales(const uint8_t *b, uint32_t sw[4]) {
   auto ld4 = [](const uint8_t *p) {
-    const auto *h = reinterpret_cast<const uint16_t *>(p);
-    return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
+    if constexpr (A4) {
+      return *reinterpret_cast<const uint32_t *>(p);
+    } else {
+      const auto *h = reinterpret_cast<const uint16_t *>(p);
+      return uint32_t(h[0]) | (uint32_t(h[1]) << 16);
+    }
   };
   if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
     const uint32_t *p = reinterpret_cast<const uint32_t *>(b + 4);  // 16-byte aligned blocks
@@ -942,6 +999,247 @@ __global__ void __launch_bounds__(kSkWarps * 32)
   }
 }
 
+// ---- 1..8 rows on int8 tensor cores, every weight byte read once ("mvmma") -----------------
+// The decode kernel. The matrix-vector kernel above spends ~290 instructions per 576 bytes of
+// Q4_K (unpacking, the 8-lane reductions of each block, the ordered broadcasts) and so issues
+// at 76 % of the SM's slots while reading at 30 % of the bandwidth. Here the tensor cores do
+// the reductions: a warp holds 16 outputs as the MMA's A operand (frag_quants' layout: lane
+// (g, tq) holds outputs g and g + 8) and up to 8 activation rows as its B operand (row n in
+// column n; with fewer rows the last row fills the other columns, whose results are
+// dropped). Per super-block, as sk_terms: one MMA per sub-block for sum_j(q x), one with
+// mn_j in every byte for mn_j * sum_j(x), the integer steps sc_j * dot_j, then
+// dot_unpacked's f32 step. The lane's C fragment is (output g, rows 2 tq and 2 tq + 1) and
+// (output g + 8, the same rows), so every (output, row) pair is held by exactly one lane.
+// P warps share 16 outputs, warp p taking the super-blocks b = p (mod P) and loading the
+// next one before it computes the current one; P = 1 adds the terms in registers in block
+// order, P > 1 leaves them in shared memory and one thread per (output, row) adds them in
+// block order. The bits are those of every other kernel here: the row count, P and the
+// other rows never change an output.
+
+constexpr int kMmWarps = 8;
+constexpr int64_t kMvmmaMinTiles1 = 512;  // tiles of 16 outputs for the one-row case
+
+// One super-block of the lane's two outputs, as loaded (unpacked when it is computed).
+template <GgmlType T>
+struct MmBlock {
+  uint32_t ra[kRaw<T>], rb[kRaw<T>], sa[4], sb[4];  // frag_raw's and load_scales' words
+  uint32_t da, db;  // the f16 d (low half) and dmin (high half, where the type has one)
+};
+
+template <GgmlType T>
+__device__ __forceinline__ void mm_load(const uint8_t *blk0, const uint8_t *blk1, int tq, MmBlock<T> &k) {
+  using L = KQ<T>;
+  // Blocks of 2-byte aligned sizes (Q3_K, Q6_K) are 4-byte aligned every other one; where
+  // the row size is a multiple of 4 the branch is the same for the whole warp.
+  if (L::kBytes % 4 == 0 || ((reinterpret_cast<uintptr_t>(blk0) | reinterpret_cast<uintptr_t>(blk1)) & 3) == 0) {
+    frag_raw<T, true>(blk0, tq, k.ra);
+    frag_raw<T, true>(blk1, tq, k.rb);
+    load_scales<T, true>(blk0, k.sa);
+    load_scales<T, true>(blk1, k.sb);
+  } else {
+    frag_raw<T>(blk0, tq, k.ra);
+    frag_raw<T>(blk1, tq, k.rb);
+    load_scales<T>(blk0, k.sa);
+    load_scales<T>(blk1, k.sb);
+  }
+  if constexpr (L::kDminOff == L::kDOff + 2 && L::kDOff % 4 == 0 && L::kBytes % 4 == 0) {
+    k.da = *reinterpret_cast<const uint32_t *>(blk0 + L::kDOff);
+    k.db = *reinterpret_cast<const uint32_t *>(blk1 + L::kDOff);
+  } else {
+    k.da = *reinterpret_cast<const uint16_t *>(blk0 + L::kDOff);
+    k.db = *reinterpret_cast<const uint16_t *>(blk1 + L::kDOff);
+    if constexpr (L::kDminOff >= 0) {
+      k.da |= uint32_t(*reinterpret_cast<const uint16_t *>(blk0 + L::kDminOff)) << 16;
+      k.db |= uint32_t(*reinterpret_cast<const uint16_t *>(blk1 + L::kDminOff)) << 16;
+    }
+  }
+}
+
+// The f32 terms of super-block b for the lane's (output, row) pairs: v[0] (g, rows[0]),
+// v[1] (g, rows[1]), v[2] (g + 8, rows[0]), v[3] (g + 8, rows[1]).
+template <GgmlType T>
+__device__ __forceinline__ void mm_terms(const MmBlock<T> &k, int b, const int8_t *__restrict__ xb,
+                                         const float *__restrict__ d0, const float *__restrict__ d1, int tq,
+                                         float v[4]) {
+  using L = KQ<T>;
+  constexpr int kNSub = 256 / L::kSub;
+  constexpr bool kMin = L::kDminOff >= 0;
+  int isum[4] = {0, 0, 0, 0}, msum[4] = {0, 0, 0, 0};
+  uint32_t qa[16], qb[16];
+  frag_unpack<T>(k.ra, qa);
+  frag_unpack<T>(k.rb, qb);
+  // Q4_K / Q5_K: the 6-bit scales and mins of the 8 sub-blocks as bytes of 4 words each
+  // (sub-blocks 0-3, 4-7), unpacked as scale_min_k4 does, 4 at a time.
+  uint32_t ps[2][4];
+  if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+#pragma unroll
+    for (int o = 0; o < 2; ++o) {
+      const uint32_t *w = o == 0 ? k.sa : k.sb;
+      ps[o][0] = w[0] & 0x3F3F3F3Fu;                                         // sc 0-3
+      ps[o][1] = w[1] & 0x3F3F3F3Fu;                                         // mn 0-3
+      ps[o][2] = (w[2] & 0x0F0F0F0Fu) | ((w[0] >> 2) & 0x30303030u);        // sc 4-7
+      ps[o][3] = ((w[2] >> 4) & 0x0F0F0F0Fu) | ((w[1] >> 2) & 0x30303030u);  // mn 4-7
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kNSub; ++j) {
+    int sc0, mn0, sc1, mn1;
+    uint32_t am0 = 0, am1 = 0;  // mn in every byte
+    if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+      const int h = j / 4, i = j % 4;
+      sc0 = int(__byte_perm(ps[0][2 * h], 0, 0x4440 | i));
+      sc1 = int(__byte_perm(ps[1][2 * h], 0, 0x4440 | i));
+      am0 = __byte_perm(ps[0][2 * h + 1], 0, i * 0x1111);
+      am1 = __byte_perm(ps[1][2 * h + 1], 0, i * 0x1111);
+      mn0 = mn1 = 0;
+    } else {
+      reg_scale<T>(k.sa, j, &sc0, &mn0);
+      reg_scale<T>(k.sb, j, &sc1, &mn1);
+      am0 = uint32_t(mn0) * 0x01010101u;
+      am1 = uint32_t(mn1) * 0x01010101u;
+    }
+    uint32_t a[4], am[4], bf[2];
+    if constexpr (L::kSub == 32) {
+      a[0] = qa[2 * j];
+      a[1] = qb[2 * j];
+      a[2] = qa[2 * j + 1];
+      a[3] = qb[2 * j + 1];
+      const int2 xv = *reinterpret_cast<const int2 *>(xb + j * 32 + 8 * tq);
+      bf[0] = uint32_t(xv.x);
+      bf[1] = uint32_t(xv.y);
+    } else {
+      a[0] = qa[j];
+      a[1] = qb[j];
+      bf[0] = *reinterpret_cast<const uint32_t *>(xb + j * 16 + 4 * tq);
+    }
+    int c[4];
+    if constexpr (L::kSub == 32) {
+      mma_k32(a, bf, c);
+    } else {
+      mma_k16(a, bf[0], c);
+    }
+    isum[0] += sc0 * c[0];
+    isum[1] += sc0 * c[1];
+    isum[2] += sc1 * c[2];
+    isum[3] += sc1 * c[3];
+    if constexpr (kMin) {
+      (void)mn0;
+      (void)mn1;
+      am[0] = am[2] = am0;
+      am[1] = am[3] = am1;
+      if constexpr (L::kSub == 32) {
+        mma_k32(am, bf, c);
+      } else {
+        mma_k16(am, bf[0], c);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) msum[e] += c[e];
+    }
+  }
+  const float dw0 = dev::fp16_to_fp32(uint16_t(k.da)), dw1 = dev::fp16_to_fp32(uint16_t(k.db));
+  float dm0 = 0.0f, dm1 = 0.0f;
+  if constexpr (kMin) {
+    dm0 = dev::fp16_to_fp32(uint16_t(k.da >> 16));
+    dm1 = dev::fp16_to_fp32(uint16_t(k.db >> 16));
+  }
+  const float dx0 = d0[b], dx1 = d1[b];
+  v[0] = block_term<T>(dw0, dm0, dx0, isum[0], msum[0]);
+  v[1] = block_term<T>(dw0, dm0, dx1, isum[1], msum[1]);
+  v[2] = block_term<T>(dw1, dm1, dx0, isum[2], msum[2]);
+  v[3] = block_term<T>(dw1, dm1, dx1, isum[3], msum[3]);
+}
+
+// set.first counts tiles of 16 outputs here. Shared memory (P > 1): kMmWarps / P tiles x 16
+// outputs x n_rows x nb floats.
+template <GgmlType T, int P>
+__global__ void __launch_bounds__(kMmWarps * 32, 2)
+    mvmma_kernel(MvSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd, int n_rows) {
+  using L = KQ<T>;
+  constexpr int kTiles = kMmWarps / P;
+  extern __shared__ float mm_terms_smem[];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, tq = lane % 4, part = warp % P;
+  const int nb = int(K / 256);
+  const int64_t n_tiles = set.first[set.n];
+  const int64_t tile = int64_t(blockIdx.x) * kTiles + warp / P;
+  const bool active = tile < n_tiles;
+  int m = 0;
+  while (m + 1 < set.n && tile >= set.first[m + 1]) ++m;
+  const int64_t n0 = (active ? tile - set.first[m] : 0) * 16, n_out = set.n_out[m];
+  const size_t rb = set.row_bytes[m];
+  // Outputs past the end read the last row (no branch in the loads) and are not stored.
+  const uint8_t *w0 = set.w[m] + size_t(n0 + g < n_out ? n0 + g : n_out - 1) * rb;
+  const uint8_t *w1 = set.w[m] + size_t(n0 + g + 8 < n_out ? n0 + g + 8 : n_out - 1) * rb;
+  if (active) {
+    const int64_t rows = n_out - n0 < 16 ? n_out - n0 : 16;
+    dev::prefetch_lines(set.w[m] + size_t(n0) * rb, size_t(rows) * rb, 32 * part + lane, 32 * P, set.prefetch);
+  }
+  dev::pdl_start();
+  if (P == 1 && !active) return;  // whole warps (P > 1: every warp reaches the barrier)
+  const int8_t *xrow = xq + size_t(g < n_rows ? g : n_rows - 1) * K;  // B column g
+  const int r0 = 2 * tq < n_rows ? 2 * tq : n_rows - 1, r1 = 2 * tq + 1 < n_rows ? 2 * tq + 1 : n_rows - 1;
+  const float *d0 = xd + size_t(r0) * nb, *d1 = xd + size_t(r1) * nb;
+  float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float *terms = mm_terms_smem + size_t(warp / P) * 16 * n_rows * nb;
+  auto step = [&](const MmBlock<T> &k, int b) {
+    float v[4];
+    mm_terms<T>(k, b, xrow + size_t(b) * 256, d0, d1, tq, v);
+    if constexpr (P == 1) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sum[e] = __fadd_rn(sum[e], v[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = 2 * tq + (e & 1), o = g + 8 * (e / 2);
+        if (r < n_rows) terms[(o * n_rows + r) * nb + b] = v[e];
+      }
+    }
+  };
+  if (active && part < nb) {
+    // Two buffers in turn: block b + P loads while block b is computed. (Three, with the
+    // loads two blocks ahead, spilled registers and measured slower on the H200.)
+    constexpr size_t kStep = size_t(P) * L::kBytes;
+    const uint8_t *p0 = w0 + size_t(part) * L::kBytes, *p1 = w1 + size_t(part) * L::kBytes;
+    int b = part;
+    MmBlock<T> k0, k1;
+    mm_load<T>(p0, p1, tq, k0);
+    auto body = [&](const MmBlock<T> &cur, MmBlock<T> &ahead) {
+      if (b + P < nb) mm_load<T>(p0 + kStep, p1 + kStep, tq, ahead);
+      step(cur, b);
+      b += P;
+      p0 += kStep;
+      p1 += kStep;
+      return b < nb;
+    };
+    while (body(k0, k1) && body(k1, k0)) {
+    }
+  }
+  if constexpr (P == 1) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = 2 * tq + (e & 1);
+      const int64_t o = n0 + g + 8 * (e / 2);
+      if (r < n_rows && o < n_out) set.y[m][size_t(r) * n_out + o] = sum[e];
+    }
+  } else {
+    __syncthreads();
+    // Thread i: tile i / (16 n_rows) of the block, output (i / n_rows) % 16, row i % n_rows.
+    for (int i = threadIdx.x; i < kTiles * 16 * n_rows; i += kMmWarps * 32) {
+      const int t = i / (16 * n_rows), o = (i / n_rows) % 16, r = i % n_rows;
+      const int64_t tl = int64_t(blockIdx.x) * kTiles + t;
+      if (tl >= n_tiles) continue;
+      int mt = 0;
+      while (mt + 1 < set.n && tl >= set.first[mt + 1]) ++mt;
+      const int64_t oo = (tl - set.first[mt]) * 16 + o;
+      if (oo >= set.n_out[mt]) continue;
+      const float *tp = mm_terms_smem + ((size_t(t) * 16 + o) * n_rows + r) * nb;
+      float acc = 0.0f;
+      for (int b = 0; b < nb; ++b) acc = __fadd_rn(acc, tp[b]);
+      set.y[mt][size_t(r) * set.n_out[mt] + oo] = acc;
+    }
+  }
+}
+
 template <class F>
 bool dispatch_kquant(GgmlType t, F &&f) {
   using G = GgmlType;
@@ -979,6 +1277,52 @@ void launch_matvec(const MvSet &set, int64_t K, const int8_t *xq, const float *x
     }
   }
   go(matvec_kernel<T, R, 1>, 1);
+}
+
+
+// GEIST_CUDA_MVMMA_P=1/2/4/8: the warps per 16 outputs of mvmma_kernel, forced, and the
+// kernel taken for one row whatever the matrix (knobs to compare and to test; the bits are
+// the same); 0 when unset.
+int mvmma_forced_split() {
+  static const int v = [] {
+    const char *e = std::getenv("GEIST_CUDA_MVMMA_P");
+    const int p = e == nullptr ? 0 : std::atoi(e);
+    return p == 1 || p == 2 || p == 4 || p == 8 ? p : 0;
+  }();
+  return v;
+}
+
+// Warps per 16 outputs of mvmma_kernel: the fewest (1, 2, 4, 8) that give the device 8
+// warps per SM, each keeping at least 2 super-blocks, of those whose terms fit 48 KiB of
+// shared memory (measured on the H200: E4B gate+up, 1280 tiles, is fastest at 1; the down
+// projection, 160 tiles, at 8).
+int mvmma_split(int64_t tiles, int nb, int n_rows) {
+  const int forced = mvmma_forced_split();
+  auto fits = [&](int p) { return size_t(kMmWarps / p) * 16 * n_rows * nb * 4 <= 48 * 1024; };
+  if (forced != 0) return fits(forced) ? forced : 1;
+  int best = 1;
+  for (int p = 2; p <= 8 && tiles * best < int64_t(8) * device_sm_count() && 2 * p <= nb; p *= 2) {
+    if (fits(p)) best = p;
+  }
+  return best;
+}
+
+template <GgmlType T>
+void launch_mvmma(const MvSet &set, int64_t K, const int8_t *xq, const float *xd, int n_rows, CudaStream s) {
+  const int64_t tiles = set.first[set.n];
+  const int nb = int(K / 256);
+  auto go = [&](auto kernel, int p) {
+    const int per = kMmWarps / p;
+    const size_t smem = p > 1 ? size_t(per) * 16 * n_rows * nb * sizeof(float) : 0;
+    launch_smem(kernel, dim3(unsigned((tiles + per - 1) / per)), dim3(kMmWarps * 32), smem, s, set, K, xq, xd,
+                n_rows);
+  };
+  switch (mvmma_split(tiles, nb, n_rows)) {
+    case 2: return go(mvmma_kernel<T, 2>, 2);
+    case 4: return go(mvmma_kernel<T, 4>, 4);
+    case 8: return go(mvmma_kernel<T, 8>, 8);
+    default: return go(mvmma_kernel<T, 1>, 1);
+  }
 }
 
 }  // namespace
@@ -1025,6 +1369,11 @@ int kquant_matvec_max_rows() {
   return v;
 }
 
+int kquant_mvmma_max_rows() {
+  static const int v = std::min(env_rows("GEIST_CUDA_MVMMA_ROWS", 8), 8);
+  return v;
+}
+
 int kquant_skinny_max_rows() {
   static const int v = env_rows("GEIST_CUDA_SKINNY_ROWS", 64);
   return v;
@@ -1046,6 +1395,38 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
       const int64_t tiles = (wm.n_out + kTile - 1) / kTile * ((n_rows + kTile - 1) / kTile);
       return n_rows <= 2 * kquant_skinny_max_rows() && n_rows <= 128 && tiles < device_sm_count();
     };
+    // One row: the tensor-core kernel only where the matrices give it many tiles (E4B's
+    // gate+up and gate: 16.6 vs 18.3 us); on the down projection and the attention
+    // matrices the dp4a kernel is faster for one row (H200: down Q6_K 16.9 vs 18.9, q 4.5
+    // vs 5.2 us). From 2 rows on the tensor-core kernel wins everywhere measured.
+    int64_t all_tiles = 0;
+    for (int m = 0; m < n_mat; ++m) all_tiles += (ws[m].n_out + 15) / 16;
+    if (mma && n_rows <= kquant_mvmma_max_rows() &&
+        (n_rows >= 2 || all_tiles >= kMvmmaMinTiles1 || mvmma_forced_split() != 0)) {
+      for (int m0 = 0; m0 < n_mat; m0 += kMaxSet) {
+        const int nm = n_mat - m0 < kMaxSet ? n_mat - m0 : kMaxSet;
+        MvSet set{};
+        set.n = nm;
+        // No L2 prefetch by default: asking for the whole matrix at launch queues each warp's
+        // first blocks behind every other warp's (measured on the H200: gate+up 19.5 -> 16.6
+        // us). GEIST_CUDA_MVMMA_PREFETCH=1/2 turns it on as GEIST_CUDA_PREFETCH does.
+        static const int mvmma_pf = [] {
+          const char *e = std::getenv("GEIST_CUDA_MVMMA_PREFETCH");
+          return e != nullptr && e[0] >= '0' && e[0] <= '2' ? e[0] - '0' : 0;
+        }();
+        set.prefetch = mvmma_pf;
+        for (int i = 0; i < nm; ++i) {
+          const DevMatrix &w = ws[m0 + i];
+          set.w[i] = w.data;
+          set.row_bytes[i] = w.row_bytes;
+          set.y[i] = ys[m0 + i];
+          set.n_out[i] = w.n_out;
+          set.first[i + 1] = set.first[i] + (w.n_out + 15) / 16;
+        }
+        launch_mvmma<T>(set, K, xq, xd, n_rows, s);
+      }
+      return;
+    }
     bool all_skinny = mma;
     for (int m = 0; all_skinny && m < n_mat; ++m) all_skinny = skinny(ws[m]);
     if (all_skinny) {

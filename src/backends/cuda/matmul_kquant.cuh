@@ -10,9 +10,12 @@ namespace geist::cuda {
 
 // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 bool kquant_fast_path(quant::GgmlType t);
-// Row counts each kernel takes (tuning knobs, no effect on the bits): up to
-// GEIST_CUDA_MATVEC_ROWS (default 2) the dp4a matvec; up to GEIST_CUDA_SKINNY_ROWS (default
-// 64) the few-rows MMA kernel; above, the 64 x 64 tile kernel (int8 MMA needs sm_80).
+// Row counts each kernel takes (tuning knobs, no effect on the bits): on sm_80 and later up
+// to GEIST_CUDA_MVMMA_ROWS (default and at most 8) the tensor-core matrix-vector kernel;
+// else up to GEIST_CUDA_MATVEC_ROWS (default 2) the dp4a matvec; up to
+// GEIST_CUDA_SKINNY_ROWS (default 64) the few-rows MMA kernel; above, the 64 x 64 tile
+// kernel (int8 MMA needs sm_80).
+int kquant_mvmma_max_rows();
 int kquant_matvec_max_rows();
 // The fewest rows for the int8 MMA kernels: 9 on sm_80 and later, 2^30 (never) before.
 int kquant_mma_min_rows();
