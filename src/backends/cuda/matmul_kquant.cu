@@ -1320,6 +1320,7 @@ template <GgmlType T>
 void launch_mvmma(const MvSet &set, int64_t K, const int8_t *xq, const float *xd, int n_rows, CudaStream s) {
   const int64_t tiles = set.first[set.n];
   const int nb = int(K / 256);
+  if (tiles <= 0 || n_rows <= 0 || n_rows > 8) return;  // callers never pass these (matmul, matmul_n)
   auto go = [&](auto kernel, int p) {
     const int per = kMmWarps / p;
     const size_t smem = p > 1 ? size_t(per) * 16 * n_rows * nb * sizeof(float) : 0;
