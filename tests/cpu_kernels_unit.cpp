@@ -98,6 +98,71 @@ TEST_P(CpuKernels, PackedEqualsGenericBitForBit) {
   }
 }
 
+// Every quant at its largest magnitude and activation rows of one value (all 127 or -127
+// after quantization): the longest integer runs the kernels add. The AVX2 tier without
+// VNNI adds its maddubs pair sums in int16 for runs bounded so that these cannot overflow
+// (qgemm_impl.h, kI16Run); an overflow, or a saturating maddubs, would show here.
+TEST_P(CpuKernels, ExtremeQuantsEqualGeneric) {
+  const auto [isa, c] = GetParam();
+  if (!isa_supported(isa)) {
+    GEIST_SKIP(std::string("this CPU has no ") + isa_name(isa) + " tier (best: " + isa_name(best_isa()) + ")");
+  }
+  if (c.type == GgmlType::F32 || c.type == GgmlType::F16 || c.type == GgmlType::BF16) GTEST_SKIP() << "float weights";
+  const auto &tr = quant::traits(c.type);
+  const size_t rb = quant::row_bytes(c.type, c.K);
+  const int64_t nblk = c.K / tr.block_size;
+  // Byte offsets of each block's f16 fields (set to 1.0; every other byte 0xFF: all quant
+  // bits set, 6-bit scales and mins 63) and of Q6_K's int8 scales (-128).
+  std::vector<int> f16_fields;
+  switch (c.type) {
+    case GgmlType::Q4_K: case GgmlType::Q5_K: f16_fields = {0, 2}; break;
+    case GgmlType::Q6_K: f16_fields = {208}; break;
+    default: f16_fields = {0}; break;
+  }
+  std::vector<uint8_t> data(rb * c.N, 0xFF);
+  for (int64_t n = 0; n < c.N; ++n) {
+    for (int64_t b = 0; b < nblk; ++b) {
+      uint8_t *blk = data.data() + n * rb + b * tr.block_bytes;
+      for (int o : f16_fields) {
+        blk[o] = 0x00;
+        blk[o + 1] = 0x3C;
+      }
+      if (c.type == GgmlType::Q6_K) std::memset(blk + 192, 0x80, 16);
+      if (c.type == GgmlType::Q8_0) std::memset(blk + 2, 0x81, 32);  // -127
+    }
+  }
+  WeightView w;
+  w.data = data.data();
+  w.type = c.type;
+  w.n_in = c.K;
+  w.n_out = c.N;
+  w.row_bytes = rb;
+  WeightView wp = w;
+  const size_t gb = packed_group_bytes(c.type, c.K);
+  ASSERT_GT(gb, 0u);
+  const int64_t n_groups = (c.N + 15) / 16;
+  std::vector<uint8_t> packed(gb * n_groups + 64);
+  uint8_t *base = packed.data() + (64 - reinterpret_cast<uintptr_t>(packed.data()) % 64) % 64;
+  for (int64_t g = 0; g < n_groups; ++g) {
+    pack_group(c.type, w.row(g * 16), rb, int(std::min<int64_t>(16, c.N - g * 16)), c.K, base + g * gb);
+  }
+  wp.packed = base;
+  wp.group_bytes = gb;
+  constexpr int kRows = 9;  // a full tile and a tail on every tier
+  std::vector<float> x(size_t(kRows) * c.K);
+  for (int r = 0; r < kRows; ++r) {
+    for (int64_t k = 0; k < c.K; ++k) {
+      const float v = r % 3 == 0 ? 1.0f : r % 3 == 1 ? -1.0f : (k % 2 ? 0.5f : -0.5f);
+      x[size_t(r) * c.K + k] = v * float(r + 1);
+    }
+  }
+  ThreadPool pool(1);
+  std::vector<float> ref(size_t(kRows) * c.N), got(size_t(kRows) * c.N);
+  matmul_generic(w, x.data(), ref.data(), kRows, pool);
+  ASSERT_TRUE(matmul_on_tier(isa, wp, x.data(), got.data(), kRows, pool));
+  EXPECT_EQ(0, std::memcmp(ref.data(), got.data(), sizeof(float) * ref.size()));
+}
+
 const Case kCases[] = {
     {GgmlType::Q8_0, 640, 40},  {GgmlType::Q8_0, 96, 16},   {GgmlType::Q4_0, 640, 33}, {GgmlType::Q5_0, 640, 40},
     {GgmlType::Q5_0, 32, 1},    {GgmlType::Q4_K, 1024, 40}, {GgmlType::Q4_K, 256, 17}, {GgmlType::Q5_K, 512, 40},

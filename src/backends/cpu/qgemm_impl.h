@@ -14,6 +14,11 @@
 // The arithmetic is quant/dot.h's, per output element: for each block the exact integer
 // sum, then  acc += (d_w * d_x) * isum  (and  - (dmin_w * d_x) * msum  for mins), in
 // block order, in f32 without contraction.
+//
+// S::kI16Acc (AVX2 without VNNI): runs of u8 x s8 pair sums (maddubs) are added in int16
+// and widened to int32 once per run, the sub-block scale folded into that widening madd.
+// The integer sums are the same; kI16Run<wmax> bounds a run so that no int16 sum can
+// overflow: a pair sum is at most 2 * wmax * 128 (activation quants are within [-128, 127]).
 
 template <class S>
 struct Kernels {
@@ -42,6 +47,10 @@ struct Kernels {
     const size_t lo = group_bytes * size_t(i) / size_t(n), hi = group_bytes * size_t(i + 1) / size_t(n);
     for (size_t o = lo & ~size_t(63); o < hi; o += 64) __builtin_prefetch(pf + o, 0, 3);
   }
+
+  template <int wmax>
+  static constexpr int kI16Run = 32767 / (2 * wmax * 128);
+  static_assert(kI16Run<15> == 8 && kI16Run<31> == 4 && kI16Run<63> == 2, "int16 run lengths");
 
   // --- 32-element block formats (Q8_0, Q4_0, Q5_0) ---
   template <quant::GgmlType T>
@@ -75,6 +84,16 @@ struct Kernels {
     }
   }
 
+  // The int16-run path: AVX2 without VNNI, every type but Q8_0 (whose |w| reaches 128).
+  template <quant::GgmlType T>
+  static constexpr bool i16_path() {
+    if constexpr (S::kI16Acc) {
+      return T != quant::GgmlType::Q8_0;
+    } else {
+      return false;
+    }
+  }
+
   template <quant::GgmlType T, int R>
   static void tile_q32(const uint8_t *grp, int64_t nb, const GemmArgs &a, int r0, int h, float *y, int n_valid,
                        const uint8_t *pf) {
@@ -88,15 +107,30 @@ struct Kernels {
       const uint8_t *q = grp + b * per;
       I isum[R];
       for (int r = 0; r < R; ++r) isum[r] = S::set1(-offset<T>() * a.xs32[(r0 + r) * (K / 32) + b]);
-      #pragma GCC unroll 8
-      for (int j = 0; j < 8; ++j) {
-        const I w = wvec<T>(q, j, h);
-        for (int r = 0; r < R; ++r) {
-          const int32_t xv = x4(a.xq + (r0 + r) * K + 32 * b + 4 * j);
-          if constexpr (T == quant::GgmlType::Q8_0) {
-            isum[r] = S::dp_q8(isum[r], w, xv);
-          } else {
-            isum[r] = S::dp(isum[r], w, xv);
+      if constexpr (i16_path<T>()) {
+        constexpr int run = kI16Run<T == quant::GgmlType::Q4_0 ? 15 : 31>;
+        #pragma GCC unroll 2
+        for (int j0 = 0; j0 < 8; j0 += run) {
+          I p[R];
+          for (int r = 0; r < R; ++r) p[r] = S::zero();
+          #pragma GCC unroll 8
+          for (int jj = 0; jj < run; ++jj) {
+            const I w = wvec<T>(q, j0 + jj, h);
+            for (int r = 0; r < R; ++r) p[r] = S::add16(p[r], S::dp16(w, x4(a.xq + (r0 + r) * K + 32 * b + 4 * (j0 + jj))));
+          }
+          for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::madd16(p[r], S::ones16()));
+        }
+      } else {
+        #pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+          const I w = wvec<T>(q, j, h);
+          for (int r = 0; r < R; ++r) {
+            const int32_t xv = x4(a.xq + (r0 + r) * K + 32 * b + 4 * j);
+            if constexpr (T == quant::GgmlType::Q8_0) {
+              isum[r] = S::dp_q8(isum[r], w, xv);
+            } else {
+              isum[r] = S::dp(isum[r], w, xv);
+            }
           }
         }
       }
@@ -126,15 +160,33 @@ struct Kernels {
       for (int r = 0; r < R; ++r) isum[r] = S::zero();
       for (int t = 0; t < 8; ++t) {
         const uint8_t *q = o + 256 * t;
-        I p[R];
-        for (int r = 0; r < R; ++r) p[r] = S::zero();
-        #pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) {
-          const I w = nibbles(q, q5 ? o + 2048 + 64 * t : nullptr, j, h);
-          for (int r = 0; r < R; ++r) p[r] = S::dp(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * t + 4 * j));
-        }
         const I sc = S::load_u8_i32(o + off + 16 * t + L * h);
-        for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::mullo(p[r], sc));
+        if constexpr (i16_path<T>()) {
+          constexpr int run = kI16Run<q5 ? 31 : 15>;
+          const I sc2 = S::dup16(sc);
+          #pragma GCC unroll 2
+          for (int j0 = 0; j0 < 8; j0 += run) {
+            I p[R];
+            for (int r = 0; r < R; ++r) p[r] = S::zero();
+            #pragma GCC unroll 8
+            for (int jj = 0; jj < run; ++jj) {
+              const I w = nibbles(q, q5 ? o + 2048 + 64 * t : nullptr, j0 + jj, h);
+              for (int r = 0; r < R; ++r) {
+                p[r] = S::add16(p[r], S::dp16(w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * t + 4 * (j0 + jj))));
+              }
+            }
+            for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::madd16(p[r], sc2));
+          }
+        } else {
+          I p[R];
+          for (int r = 0; r < R; ++r) p[r] = S::zero();
+          #pragma GCC unroll 8
+          for (int j = 0; j < 8; ++j) {
+            const I w = nibbles(q, q5 ? o + 2048 + 64 * t : nullptr, j, h);
+            for (int r = 0; r < R; ++r) p[r] = S::dp(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * t + 4 * j));
+          }
+          for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::mullo(p[r], sc));
+        }
       }
       I mins[4];
       for (int pp = 0; pp < 4; ++pp) mins[pp] = S::load(o + off + 128 + 64 * pp + 32 * h);
@@ -172,25 +224,48 @@ struct Kernels {
         #pragma GCC unroll 2
         for (int u = 0; u < 2; ++u) {  // the chunk's two 16-element sub-blocks
           const int sub = 2 * c + u;
-          I p[R];
-          for (int r = 0; r < R; ++r) p[r] = S::set1(-32 * a.xs16[(r0 + r) * (K / 16) + 16 * s + sub]);
-          #pragma GCC unroll 8
-          for (int jj = 0; jj < 4; ++jj) {
+          auto wq = [&](int jj) {  // the 6-bit quants (+ 32) of k-group 4 u + jj
             const int j = 4 * u + jj;
             const I v = S::load(q + 64 * (j & 3) + 32 * h);
             const I lo = j < 4 ? S::nib_lo(v) : S::nib_hi(v);
             const I hv = u == 0 ? hv0 : hv1;
-            I w;
             switch (jj) {
-              case 0: w = S::or_hi2_shl4(lo, hv); break;
-              case 1: w = S::or_hi2_shl2(lo, hv); break;
-              case 2: w = S::or_hi2_shl0(lo, hv); break;
-              default: w = S::or_hi2_shr2(lo, hv); break;
+              case 0: return S::or_hi2_shl4(lo, hv);
+              case 1: return S::or_hi2_shl2(lo, hv);
+              case 2: return S::or_hi2_shl0(lo, hv);
+              default: return S::or_hi2_shr2(lo, hv);
             }
-            for (int r = 0; r < R; ++r) p[r] = S::dp(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * c + 4 * j));
-          }
+          };
           const I sc = S::load_s8_i32(o + 3072 + 16 * sub + L * h);
-          for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::mullo(p[r], sc));
+          if constexpr (S::kI16Acc) {
+            constexpr int run = kI16Run<63>;
+            const I sc2 = S::dup16(sc);
+            for (int r = 0; r < R; ++r) {
+              isum[r] = S::add(isum[r], S::mullo(S::set1(-32 * a.xs16[(r0 + r) * (K / 16) + 16 * s + sub]), sc));
+            }
+            #pragma GCC unroll 2
+            for (int j0 = 0; j0 < 4; j0 += run) {
+              I p[R];
+              for (int r = 0; r < R; ++r) p[r] = S::zero();
+              #pragma GCC unroll 2
+              for (int jj = j0; jj < j0 + run; ++jj) {
+                const I w = wq(jj);
+                for (int r = 0; r < R; ++r) {
+                  p[r] = S::add16(p[r], S::dp16(w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * c + 4 * (4 * u + jj))));
+                }
+              }
+              for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::madd16(p[r], sc2));
+            }
+          } else {
+            I p[R];
+            for (int r = 0; r < R; ++r) p[r] = S::set1(-32 * a.xs16[(r0 + r) * (K / 16) + 16 * s + sub]);
+            #pragma GCC unroll 8
+            for (int jj = 0; jj < 4; ++jj) {
+              const I w = wq(jj);
+              for (int r = 0; r < R; ++r) p[r] = S::dp(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * c + 4 * (4 * u + jj)));
+            }
+            for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::mullo(p[r], sc));
+          }
         }
       }
       const F d = S::cvtph(o + 3328 + 2 * L * h);
