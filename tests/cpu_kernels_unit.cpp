@@ -31,10 +31,35 @@ constexpr int kRowCounts[] = {1, 2, 3, 7, 15, 16, 17, 31, 33, 63, 65, 127, 129, 
 struct Case {
   GgmlType type;
   int64_t K, N;
+  bool extreme = false;  // every other block's scales at the extremes of f16
 };
 
 std::string case_name(const Case &c) {
-  return std::string(quant::traits(c.type).name) + "_K" + std::to_string(c.K) + "_N" + std::to_string(c.N);
+  return std::string(quant::traits(c.type).name) + "_K" + std::to_string(c.K) + "_N" + std::to_string(c.N) +
+         (c.extreme ? "_extreme" : "");
+}
+
+// Overwrites the f16 scale fields (d, and the min/dmin where the type has one) of every
+// other block of a row with values from the ends of f16's range: 0, the smallest
+// subnormal, the largest finite, negatives. Finite products: the kernels and the oracle
+// must agree on every bit, with no NaN to hide a difference.
+void extreme_scales(GgmlType t, uint8_t *row, int64_t K, std::mt19937 &rng) {
+  static const uint16_t kExtreme[] = {0x0000, 0x0001, 0x03FF, 0x7BFF, 0xFBFF, 0x8001, 0x3C00, 0x0400};
+  const quant::TypeTraits &tt = quant::traits(t);
+  int offs[2] = {-1, -1};
+  switch (t) {
+    case GgmlType::Q2_K: offs[0] = 80; offs[1] = 82; break;
+    case GgmlType::Q3_K: offs[0] = 108; break;
+    case GgmlType::Q4_1: case GgmlType::Q5_1: offs[0] = 0; offs[1] = 2; break;
+    default: offs[0] = 0; break;
+  }
+  for (int64_t b = 0; b < K / tt.block_size; b += 2) {
+    for (int off : offs) {
+      if (off < 0) continue;
+      const uint16_t h = kExtreme[rng() % std::size(kExtreme)];
+      std::memcpy(row + b * tt.block_bytes + off, &h, 2);
+    }
+  }
 }
 
 class CpuKernels : public ::testing::TestWithParam<std::tuple<Isa, Case>> {};
@@ -47,9 +72,12 @@ TEST_P(CpuKernels, PackedEqualsGenericBitForBit) {
   std::mt19937 rng(77 + static_cast<int>(c.type) * 131 + int(c.K) + int(c.N));
   const size_t rb = quant::row_bytes(c.type, c.K);
   std::vector<uint8_t> data(rb * c.N);
-  const bool is_float = c.type == GgmlType::F32 || c.type == GgmlType::F16 || c.type == GgmlType::BF16;
+  // Q4_1 and Q5_1 run unpacked on the float kernels (f32 activations), like the floats.
+  const bool is_float = c.type == GgmlType::F32 || c.type == GgmlType::F16 || c.type == GgmlType::BF16 ||
+                        c.type == GgmlType::Q4_1 || c.type == GgmlType::Q5_1;
   for (int64_t n = 0; n < c.N; ++n) {
     std::vector<uint8_t> row = test::random_row(c.type, c.K, rng);
+    if (c.extreme) extreme_scales(c.type, row.data(), c.K, rng);
     std::memcpy(data.data() + n * rb, row.data(), rb);
   }
   WeightView w;
@@ -170,6 +198,11 @@ const Case kCases[] = {
     // Float weights: K with and without a tail of K % 16, weight-row tails of the 4- and 2-row tiles.
     {GgmlType::F32, 640, 19},   {GgmlType::F32, 37, 5},     {GgmlType::F16, 640, 18},  {GgmlType::F16, 100, 7},
     {GgmlType::BF16, 256, 17},  {GgmlType::BF16, 9, 3},
+    // Q2_K, Q3_K (packed, integer sums); Q4_1, Q5_1 (float kernels, dequantized on the fly).
+    {GgmlType::Q2_K, 2048, 40}, {GgmlType::Q2_K, 256, 17},  {GgmlType::Q3_K, 1024, 40}, {GgmlType::Q3_K, 256, 7},
+    {GgmlType::Q4_1, 640, 19},  {GgmlType::Q4_1, 32, 5},    {GgmlType::Q5_1, 640, 18}, {GgmlType::Q5_1, 96, 3},
+    {GgmlType::Q2_K, 512, 33, true}, {GgmlType::Q3_K, 512, 33, true}, {GgmlType::Q4_1, 256, 17, true},
+    {GgmlType::Q5_1, 256, 17, true}, {GgmlType::Q4_K, 512, 33, true}, {GgmlType::Q6_K, 512, 33, true},
 };
 
 INSTANTIATE_TEST_SUITE_P(Tiers, CpuKernels,

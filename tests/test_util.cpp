@@ -63,6 +63,12 @@ std::vector<uint8_t> random_row(quant::GgmlType t, int64_t k, std::mt19937 &rng)
       case GgmlType::Q3_K: put(108); break;
       case GgmlType::Q4_K: case GgmlType::Q5_K: put(0); put(2); break;
       case GgmlType::Q6_K: put(208); break;
+      case GgmlType::Q4_1: case GgmlType::Q5_1: {  // d, then a negative min (as quantizers make)
+        put(0);
+        const uint16_t m = quant::fp32_to_fp16(-8.0f * scale(rng));
+        std::memcpy(p + 2, &m, 2);
+        break;
+      }
       default: put(0); break;
     }
   }

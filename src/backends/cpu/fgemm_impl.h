@@ -6,6 +6,8 @@
 // lane l taking k = l, l + 16, l + 32, ... (each step a rounded multiply, then a rounded
 // add: no contraction), then the tree (l += l + 8, l += l + 4, l += l + 2, l += l + 1).
 // F16 and BF16 convert to f32 exactly, so every tier gives the generic path's bits.
+// Q4_1 and Q5_1 are dequantized L elements at a time as quant::dequantize_row does it
+// (d * q, rounded, then + m, rounded), so they too give the generic bits.
 //
 // Tiles of WT weight rows x R activation rows keep WT * R 16-lane accumulators; the
 // weights of a tile are converted once per 16 elements and used for all R rows. A K tail
@@ -25,6 +27,19 @@ struct FloatGemm {
       return S::loadf(reinterpret_cast<const float *>(row) + k);
     } else if constexpr (T == quant::GgmlType::F16) {
       return S::cvtph(row + 2 * k);
+    } else if constexpr (T == quant::GgmlType::Q4_1 || T == quant::GgmlType::Q5_1) {
+      // k is a multiple of L (8 or 16), so the L elements lie in one half of a block:
+      // the low nibbles (elements 0-15) or the high ones (16-31).
+      constexpr bool q5 = T == quant::GgmlType::Q5_1;
+      const uint8_t *bp = row + (k / 32) * (q5 ? 24 : 20);
+      const int idx = static_cast<int>(k % 32);
+      uint32_t hb = 0;
+      if constexpr (q5) {
+        std::memcpy(&hb, bp + 4, 4);
+        hb >>= idx;
+      }
+      const F q = S::nib_f(bp + (q5 ? 8 : 4) + (idx & 15), idx >= 16 ? 4 : 0, hb);
+      return S::add(S::mul(S::set1f(S::half1(bp)), q), S::set1f(S::half1(bp + 2)));
     } else {
       return S::cvtbf16(row + 2 * k);
     }
@@ -36,6 +51,10 @@ struct FloatGemm {
       float v;
       std::memcpy(&v, row + 4 * k, 4);
       return v;
+    } else if constexpr (T == quant::GgmlType::Q4_1 || T == quant::GgmlType::Q5_1) {
+      float t[32];  // never reached: K is a multiple of 32 for these types
+      quant::dequantize_row(T, row + (k / 32) * quant::traits(T).block_bytes, t, 32);
+      return t[k % 32];
     } else {
       uint16_t h;
       std::memcpy(&h, row + 2 * k, 2);
@@ -43,11 +62,12 @@ struct FloatGemm {
     }
   }
 
+  // Output rows n0..n0 + W - 1, whose weights are the W rows at w0, stride apart.
   template <quant::GgmlType T, int W, int R>
-  static void tile(const FloatGemmArgs &a, int64_t n0, int r0) {
+  static void tile(const FloatGemmArgs &a, int64_t n0, int r0, const uint8_t *w0, size_t stride) {
     const int64_t K = a.K;
     const uint8_t *rows[W];
-    for (int i = 0; i < W; ++i) rows[i] = a.w + static_cast<size_t>(n0 + i) * a.row_bytes;
+    for (int i = 0; i < W; ++i) rows[i] = w0 + static_cast<size_t>(i) * stride;
     const float *xs[R];
     for (int r = 0; r < R; ++r) xs[r] = a.x + static_cast<size_t>(r0 + r) * K;
     F acc[W][R][V];
@@ -85,20 +105,41 @@ struct FloatGemm {
   }
 
   template <quant::GgmlType T, int W>
-  static void weight_tile(const FloatGemmArgs &a, int64_t n0) {
+  static void weight_tile_rows(const FloatGemmArgs &a, int64_t n0, const uint8_t *w0, size_t stride) {
     int r = 0;
-    for (; r + RT <= a.n_rows; r += RT) tile<T, W, RT>(a, n0, r);
+    for (; r + RT <= a.n_rows; r += RT) tile<T, W, RT>(a, n0, r, w0, stride);
     const int rest = a.n_rows - r;
     if constexpr (RT > 1) {
-      if (rest == 1) tile<T, W, 1>(a, n0, r);
+      if (rest == 1) tile<T, W, 1>(a, n0, r, w0, stride);
     }
     if constexpr (RT > 2) {
-      if (rest == 2) tile<T, W, 2>(a, n0, r);
+      if (rest == 2) tile<T, W, 2>(a, n0, r, w0, stride);
     }
     if constexpr (RT > 3) {
-      if (rest == 3) tile<T, W, 3>(a, n0, r);
+      if (rest == 3) tile<T, W, 3>(a, n0, r, w0, stride);
     }
     static_assert(RT <= 4, "tails are instantiated for up to 3 rows");
+  }
+
+  template <quant::GgmlType T, int W>
+  static void weight_tile(const FloatGemmArgs &a, int64_t n0) {
+    const uint8_t *w0 = a.w + static_cast<size_t>(n0) * a.row_bytes;
+    if constexpr (T == quant::GgmlType::Q4_1 || T == quant::GgmlType::Q5_1) {
+      // Several activation rows: the W weight rows are dequantized once into f32 rows
+      // ([W][K], thread-local, L1/L2-sized for the model widths) and every row tile reads
+      // those: the same values, so the same bits, without converting per tile.
+      if (a.n_rows > 1) {
+        thread_local std::vector<float> buf;
+        const int64_t K = a.K;
+        if (static_cast<int64_t>(buf.size()) < W * K) buf.resize(static_cast<size_t>(W * K));
+        for (int i = 0; i < W; ++i)
+          for (int64_t k = 0; k < K; k += L) S::storef(buf.data() + i * K + k, wload<T>(w0 + i * a.row_bytes, k));
+        weight_tile_rows<quant::GgmlType::F32, W>(a, n0, reinterpret_cast<const uint8_t *>(buf.data()),
+                                                  sizeof(float) * static_cast<size_t>(K));
+        return;
+      }
+    }
+    weight_tile_rows<T, W>(a, n0, w0, a.row_bytes);
   }
 
   // Output rows [n0, n1) for every activation row.

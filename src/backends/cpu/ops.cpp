@@ -52,8 +52,11 @@ thread_local std::vector<float> t_dequant_row;
 
 namespace {
 
+// Types whose tier kernel takes f32 activations (fgemm_impl.h): the float types, and
+// Q4_1/Q5_1, which have no integer form and are dequantized on the fly.
 bool is_float_type(quant::GgmlType t) {
-  return t == quant::GgmlType::F32 || t == quant::GgmlType::F16 || t == quant::GgmlType::BF16;
+  return t == quant::GgmlType::F32 || t == quant::GgmlType::F16 || t == quant::GgmlType::BF16 ||
+         t == quant::GgmlType::Q4_1 || t == quant::GgmlType::Q5_1;
 }
 
 FloatGemmFn float_fn(const WeightView &w, Isa isa) {

@@ -50,12 +50,47 @@ void raw_q32(GgmlType t, const uint8_t *row, int64_t b, Chunk *c, uint16_t *d) {
 // A K-quant super-block of one row in raw form.
 struct Super {
   Chunk c[8];        // 32-element chunks
-  uint8_t sc[16];    // Q4_K/Q5_K: 8 6-bit scales; Q6_K: 16 int8 scales (as bytes)
-  uint8_t mn[8];     // Q4_K/Q5_K mins
+  uint8_t sc[16];    // Q4_K/Q5_K: 8 6-bit scales; Q6_K, Q3_K: 16 int8 scales (as bytes);
+                     // Q2_K: 16 4-bit scales
+  uint8_t mn[16];    // Q4_K/Q5_K: 8 mins; Q2_K: 16 mins
   uint16_t d = 0, dmin = 0;
 };
 
 void raw_k(GgmlType t, const uint8_t *row, int64_t s, Super *o) {
+  if (t == GgmlType::Q2_K || t == GgmlType::Q3_K) {
+    // Element e = 128 h + 32 sb + l: bits 2 sb..2 sb + 1 of qs[32 h + l] (block_formats.h);
+    // Q3_K adds its high bit as + 4, so q in 0..7 stands for q - 4.
+    const uint8_t *qs;
+    if (t == GgmlType::Q2_K) {
+      const auto blk = quant::block_load<quant::BlockQ2_K>(row, s);
+      o->d = blk.d;
+      o->dmin = blk.dmin;
+      for (int u = 0; u < 16; ++u) {
+        o->sc[u] = blk.scales[u] & 0x0F;
+        o->mn[u] = blk.scales[u] >> 4;
+      }
+      for (int e = 0; e < 256; ++e) {
+        const int h = e / 128, sb = (e / 32) % 4, l = e % 32;
+        o->c[e / 32].q[e % 32] = static_cast<uint8_t>((blk.qs[32 * h + l] >> (2 * sb)) & 3);
+      }
+      return;
+    }
+    const auto blk = quant::block_load<quant::BlockQ3_K>(row, s);
+    o->d = blk.d;
+    qs = blk.qs;
+    for (int u = 0; u < 16; ++u) {
+      const int lo = (blk.scales[u % 8] >> (4 * (u / 8))) & 0x0F;
+      const int hi = (blk.scales[8 + u % 4] >> (2 * (u / 4))) & 0x03;
+      o->sc[u] = static_cast<uint8_t>(static_cast<int8_t>((lo | (hi << 4)) - 32));
+    }
+    for (int e = 0; e < 256; ++e) {
+      const int h = e / 128, sb = (e / 32) % 4, l = e % 32;
+      const int lo = (qs[32 * h + l] >> (2 * sb)) & 3;
+      const int hb = (blk.hmask[l] >> (e / 32)) & 1;
+      o->c[e / 32].q[e % 32] = static_cast<uint8_t>(lo | (hb << 2));
+    }
+    return;
+  }
   if (t == GgmlType::Q6_K) {
     const auto blk = quant::block_load<quant::BlockQ6_K>(row, s);
     o->d = blk.d;
@@ -112,12 +147,24 @@ void put_nibbles(const Chunk *rows[16], uint8_t *dst) {
   }
 }
 
-// 8 u64 masks (64 B): mask j, bit 4i + e = bit 4 of element 4j + e.
-void put_masks(const Chunk *rows[16], uint8_t *dst) {
+// 16 rows' chunks -> 2 crumb vectors (128 B): vector u, byte 4i + e, bits 2c..2c + 1 =
+// bits 0..1 of element 4(4u + c) + e (k-group 4u + c).
+void put_crumbs(const Chunk *rows[16], uint8_t *dst) {
+  for (int u = 0; u < 2; ++u)
+    for (int i = 0; i < 16; ++i)
+      for (int e = 0; e < 4; ++e) {
+        uint8_t b = 0;
+        for (int c = 0; c < 4; ++c) b |= static_cast<uint8_t>((rows[i]->q[4 * (4 * u + c) + e] & 3) << (2 * c));
+        dst[64 * u + 4 * i + e] = b;
+      }
+}
+
+// 8 u64 masks (64 B): mask j, bit 4i + e = bit `bit` of element 4j + e.
+void put_masks(const Chunk *rows[16], uint8_t *dst, int bit = 4) {
   for (int j = 0; j < 8; ++j) {
     uint64_t m = 0;
     for (int i = 0; i < 16; ++i) {
-      for (int e = 0; e < 4; ++e) m |= uint64_t((rows[i]->q[4 * j + e] >> 4) & 1) << (4 * i + e);
+      for (int e = 0; e < 4; ++e) m |= uint64_t((rows[i]->q[4 * j + e] >> bit) & 1) << (4 * i + e);
     }
     std::memcpy(dst + 8 * j, &m, 8);
   }
@@ -132,7 +179,7 @@ size_t round64(size_t n) { return (n + 63) & ~size_t(63); }
 bool has_packed_layout(GgmlType t) {
   switch (t) {
     case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q5_0:
-    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+    case GgmlType::Q2_K: case GgmlType::Q3_K: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
       return true;
     default:
       return false;
@@ -146,6 +193,8 @@ size_t packed_group_bytes(GgmlType t, int64_t K) {
     case GgmlType::Q8_0: return round64(nb * (512 + 32));
     case GgmlType::Q4_0: return round64(nb * (256 + 32));
     case GgmlType::Q5_0: return round64(nb * (320 + 32));
+    case GgmlType::Q2_K: return nb * 1856;
+    case GgmlType::Q3_K: return nb * 1856;
     case GgmlType::Q4_K: return nb * 2496;
     case GgmlType::Q5_K: return nb * 3008;
     case GgmlType::Q6_K: return nb * 3392;
@@ -190,7 +239,7 @@ void pack_group(GgmlType t, const uint8_t *rows, size_t row_bytes, int n_rows, i
     return;
   }
   // K-quants
-  const size_t sb_bytes = t == GgmlType::Q4_K ? 2496 : t == GgmlType::Q5_K ? 3008 : 3392;
+  const size_t sb_bytes = packed_group_bytes(t, 256);
   static const Super kZeroSuper{};
   std::unique_ptr<Super[]> sup(new Super[16]);
   for (int64_t s = 0; s < nb; ++s) {
@@ -205,6 +254,29 @@ void pack_group(GgmlType t, const uint8_t *rows, size_t row_bytes, int n_rows, i
       }
     }
     const Chunk *rp[16];
+    if (t == GgmlType::Q2_K || t == GgmlType::Q3_K) {
+      const bool q3 = t == GgmlType::Q3_K;
+      for (int c = 0; c < 8; ++c) {
+        for (int i = 0; i < 16; ++i) rp[i] = &sp[i]->c[c];
+        put_crumbs(rp, o + 128 * c);
+        if (q3) put_masks(rp, o + 1024 + 64 * c, 2);
+      }
+      const size_t off = q3 ? 1536 : 1024;
+      for (int u = 0; u < 16; ++u)
+        for (int i = 0; i < 16; ++i) o[off + 16 * u + i] = sp[i]->sc[u];
+      if (!q3) {
+        for (int p = 0; p < 8; ++p)
+          for (int i = 0; i < 16; ++i) {
+            const int16_t m2[2] = {sp[i]->mn[2 * p], sp[i]->mn[2 * p + 1]};
+            std::memcpy(o + 1280 + 64 * p + 4 * i, m2, 4);
+          }
+      }
+      for (int i = 0; i < 16; ++i) {
+        std::memcpy(o + 1792 + 2 * i, &sp[i]->d, 2);
+        if (!q3) std::memcpy(o + 1824 + 2 * i, &sp[i]->dmin, 2);
+      }
+      continue;
+    }
     for (int c = 0; c < 8; ++c) {
       for (int i = 0; i < 16; ++i) rp[i] = &sp[i]->c[c];
       put_nibbles(rp, o + 256 * c);

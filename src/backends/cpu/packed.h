@@ -27,6 +27,13 @@
 //         c at 256 c (as Q4_0); high 2-bit pairs at 2048 + 128 c: two 64-byte vectors
 //         (k-groups 0-3, then 4-7), bits 2(j%4)..2(j%4)+1 of byte [i][e];
 //         scales [u][i] i8 at 3072 (u: 16-element sub-block); d [i] f16 at 3328
+//   Q2_K  per super-block (1856 B, 64 of them padding): 2-bit quants of chunk c at 128 c:
+//         two 64-byte vectors (k-groups 0-3, then 4-7), bits 2(j%4)..2(j%4)+1 of byte
+//         [i][e]; scales [u][i] u8 at 1024; mins [p][i][2] i16 at 1280 (pair p =
+//         sub-blocks 2p, 2p+1); d [i] f16 at 1792; dmin [i] f16 at 1824
+//   Q3_K  per super-block (1856 B, 32 of them padding): low 2 bits as Q2_K's; 8
+//         Q5_0-style masks of the third bit per chunk at 1024 + 64 c (so q in 0..7
+//         stands for q - 4); scales [u][i] i8 (sc - 32) at 1536; d [i] f16 at 1792
 #pragma once
 
 #include <cstddef>

@@ -15,6 +15,8 @@ GemmFn TierKernels::for_type(quant::GgmlType t) const {
     case quant::GgmlType::Q4_K: return q4_k;
     case quant::GgmlType::Q5_K: return q5_k;
     case quant::GgmlType::Q6_K: return q6_k;
+    case quant::GgmlType::Q2_K: return q2_k;
+    case quant::GgmlType::Q3_K: return q3_k;
     default: return nullptr;
   }
 }
@@ -24,6 +26,8 @@ FloatGemmFn TierKernels::float_for_type(quant::GgmlType t) const {
     case quant::GgmlType::F32: return f32;
     case quant::GgmlType::F16: return f16;
     case quant::GgmlType::BF16: return bf16;
+    case quant::GgmlType::Q4_1: return q4_1;
+    case quant::GgmlType::Q5_1: return q5_1;
     default: return nullptr;
   }
 }

@@ -37,7 +37,8 @@ struct GemmArgs {
 
 using GemmFn = void (*)(const GemmArgs &a, int64_t g0, int64_t g1);
 
-// Float weights (F32, F16, BF16; rows of row_bytes, unpacked) times f32 activations
+// Float weights (F32, F16, BF16; also Q4_1, Q5_1, whose generic path dequantizes rows to
+// f32; rows of row_bytes, unpacked) times f32 activations
 // x [n_rows][K]: y[r * ldy + (n - n_begin)] for weight rows n in the call's [n0, n1), with
 // the generic dot_f32's arithmetic (fgemm_impl.h).
 struct FloatGemmArgs {
@@ -64,11 +65,11 @@ using AttnRowsFn = void (*)(const AttentionArgs &a, int g, int r0, int r1, int64
 
 struct TierKernels {
   Isa isa;
-  GemmFn q8_0, q4_0, q5_0, q4_k, q5_k, q6_k;  // nullptr: not implemented on this tier
+  GemmFn q8_0, q4_0, q5_0, q4_k, q5_k, q6_k, q2_k, q3_k;  // nullptr: not implemented on this tier
   AttnRowsFn attn_rows;
   void (*gelu_mul)(const float *gate, const float *up, float *out, int64_t n);
   int lanes;  // f32 lanes per vector
-  FloatGemmFn f32, f16, bf16;
+  FloatGemmFn f32, f16, bf16, q4_1, q5_1;  // q4_1, q5_1: f32 activations, as the generic path
   GemmFn for_type(quant::GgmlType t) const;
   FloatGemmFn float_for_type(quant::GgmlType t) const;
 };

@@ -277,6 +277,71 @@ struct Kernels {
     for (int r = 0; r < R; ++r) S::store(y + r * a.ldy, acc[r], n_valid);
   }
 
+  // --- Q2_K / Q3_K ---
+  // Per 16-element sub-block u: the exact sum of q * x (Q3_K: (q - 4) * x, the offset
+  // taken back as 4 * sum(x)), times the sub-block's integer scale; Q2_K's mins as
+  // sum over sub-blocks of min * sum(x). The f32 step as Q4_K's (Q2_K) or Q6_K's (Q3_K).
+  template <quant::GgmlType T, int R>
+  static void tile_q23k(const uint8_t *grp, int64_t nsb, const GemmArgs &a, int r0, int h, float *y, int n_valid,
+                        const uint8_t *pf) {
+    constexpr bool q3 = T == quant::GgmlType::Q3_K;
+    constexpr size_t sc_off = q3 ? 1536 : 1024;
+    const int64_t K = a.K;
+    F acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = S::fzero();
+    for (int64_t s = 0; s < nsb; ++s) {
+      prefetch_part(pf, a.group_bytes, s, nsb);
+      const uint8_t *o = grp + s * 1856;
+      I isum[R];
+      for (int r = 0; r < R; ++r) isum[r] = S::zero();
+      for (int c = 0; c < 8; ++c) {
+        #pragma GCC unroll 2
+        for (int u = 0; u < 2; ++u) {  // the chunk's two 16-element sub-blocks
+          const int sub = 2 * c + u;
+          const I v = S::load(o + 128 * c + 64 * u + 32 * h);
+          I p[R];
+          for (int r = 0; r < R; ++r) {
+            p[r] = q3 ? S::set1(-4 * a.xs16[(r0 + r) * (K / 16) + 16 * s + sub]) : S::zero();
+          }
+          #pragma GCC unroll 4
+          for (int jj = 0; jj < 4; ++jj) {
+            const int j = 4 * u + jj;
+            I w = S::crumb(v, jj);
+            if constexpr (q3) {
+              uint64_t m;
+              std::memcpy(&m, o + 1024 + 64 * c + 8 * j, 8);
+              w = S::add_bit(w, m >> (32 * h), 4);
+            }
+            for (int r = 0; r < R; ++r) p[r] = S::dp(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * c + 4 * j));
+          }
+          const I sc = q3 ? S::load_s8_i32(o + sc_off + 16 * sub + L * h) : S::load_u8_i32(o + sc_off + 16 * sub + L * h);
+          for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::mullo(p[r], sc));
+        }
+      }
+      const F d = S::cvtph(o + 1792 + 2 * L * h);
+      if constexpr (q3) {
+        for (int r = 0; r < R; ++r) {
+          const F dx = S::set1f(a.xd[(r0 + r) * (K / 256) + s]);
+          acc[r] = S::add(acc[r], S::mul(S::mul(d, dx), S::cvt(isum[r])));
+        }
+      } else {
+        I mins[8];
+        for (int pp = 0; pp < 8; ++pp) mins[pp] = S::load(o + 1280 + 64 * pp + 32 * h);
+        const F dmin = S::cvtph(o + 1824 + 2 * L * h);
+        for (int r = 0; r < R; ++r) {
+          I msum = S::zero();
+          const int16_t *xs = a.xs16 + (r0 + r) * (K / 16) + 16 * s;
+          for (int pp = 0; pp < 8; ++pp) msum = S::dpwssd(msum, mins[pp], s16pair(xs + 2 * pp));
+          const F dx = S::set1f(a.xd[(r0 + r) * (K / 256) + s]);
+          F vv = S::mul(S::mul(d, dx), S::cvt(isum[r]));
+          vv = S::sub(vv, S::mul(S::mul(dmin, dx), S::cvt(msum)));
+          acc[r] = S::add(acc[r], vv);
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) S::store(y + r * a.ldy, acc[r], n_valid);
+  }
+
   // One tile of R rows of group g, half h.
   // pf: the group to prefetch while this tile runs (prefetch_part), or nullptr.
   template <quant::GgmlType T, int R>
@@ -286,7 +351,9 @@ struct Kernels {
     const int n_valid = int(std::min<int64_t>(L, a.n_out - n0));
     if (n_valid <= 0) return;
     float *y = a.y + int64_t(r0) * a.ldy + n0;
-    if constexpr (T == quant::GgmlType::Q6_K) {
+    if constexpr (T == quant::GgmlType::Q2_K || T == quant::GgmlType::Q3_K) {
+      tile_q23k<T, R>(grp, a.K / 256, a, r0, h, y, n_valid, pf);
+    } else if constexpr (T == quant::GgmlType::Q6_K) {
       tile_q6k<R>(grp, a.K / 256, a, r0, h, y, n_valid, pf);
     } else if constexpr (T == quant::GgmlType::Q4_K || T == quant::GgmlType::Q5_K) {
       tile_q45k<T, R>(grp, a.K / 256, a, r0, h, y, n_valid, pf);

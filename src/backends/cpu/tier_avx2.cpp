@@ -47,15 +47,18 @@ struct Avx2 {
   static I set1(int32_t v) { return _mm256_set1_epi32(v); }
   static I nib_lo(I v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
   static I nib_hi(I v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
-  // + 16 in byte k where bit k of m (its low 32 bits) is set.
-  static I add_bit4(I w, uint64_t m) {
+  // + v in byte k where bit k of m (its low 32 bits) is set.
+  static I add_bit(I w, uint64_t m, char v) {
     const I bits = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(m)),
                                        _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
                                                           0x0303030303030303LL));
     const I sel = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
     const I on = _mm256_cmpeq_epi8(_mm256_and_si256(bits, sel), sel);
-    return _mm256_add_epi8(w, _mm256_and_si256(on, _mm256_set1_epi8(16)));
+    return _mm256_add_epi8(w, _mm256_and_si256(on, _mm256_set1_epi8(v)));
   }
+  static I add_bit4(I w, uint64_t m) { return add_bit(w, m, 16); }
+  // Bits 2n..2n + 1 of every byte (n a constant after unrolling).
+  static I crumb(I v, int n) { return _mm256_and_si256(_mm256_srli_epi16(v, 2 * n), _mm256_set1_epi8(3)); }
   static I hi2(I hv) { return _mm256_and_si256(hv, _mm256_set1_epi8(0x30)); }
   static I or_hi2_shl4(I lo, I hv) { return _mm256_or_si256(lo, hi2(_mm256_slli_epi16(hv, 4))); }
   static I or_hi2_shl2(I lo, I hv) { return _mm256_or_si256(lo, hi2(_mm256_slli_epi16(hv, 2))); }
@@ -115,6 +118,16 @@ struct Avx2 {
     uint16_t h;
     std::memcpy(&h, p, 2);
     return _cvtsh_ss(h);
+  }
+  // 8 lanes: ((p[l] >> sh) & 15) + (bit l of hb) * 16, as floats (Q4_1/Q5_1 quants).
+  static F nib_f(const uint8_t *p, int sh, uint32_t hb) {
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p)));
+    v = _mm256_and_si256(_mm256_srli_epi32(v, sh), _mm256_set1_epi32(15));
+    const __m256i bits = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int32_t>(hb)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+        _mm256_set1_epi32(1));
+    v = _mm256_or_si256(v, _mm256_slli_epi32(bits, 4));
+    return _mm256_cvtepi32_ps(v);
   }
   static F set1f(float v) { return _mm256_set1_ps(v); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
@@ -182,9 +195,23 @@ void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
   Elementwise<Avx2>::gelu_mul(gate, up, out, n);
 }
 
-const TierKernels kTable{kIsa,                run<GgmlType::Q8_0>, run<GgmlType::Q4_0>, run<GgmlType::Q5_0>,
-                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_rows, gelu_mul, 8,
-                         run_float<GgmlType::F32>, run_float<GgmlType::F16>, run_float<GgmlType::BF16>};
+const TierKernels kTable{kIsa,
+                         run<GgmlType::Q8_0>,
+                         run<GgmlType::Q4_0>,
+                         run<GgmlType::Q5_0>,
+                         run<GgmlType::Q4_K>,
+                         run<GgmlType::Q5_K>,
+                         run<GgmlType::Q6_K>,
+                         run<GgmlType::Q2_K>,
+                         run<GgmlType::Q3_K>,
+                         attn_rows,
+                         gelu_mul,
+                         8,
+                         run_float<GgmlType::F32>,
+                         run_float<GgmlType::F16>,
+                         run_float<GgmlType::BF16>,
+                         run_float<GgmlType::Q4_1>,
+                         run_float<GgmlType::Q5_1>};
 
 }  // namespace
 

@@ -31,7 +31,10 @@ struct Avx512 {
   static I set1(int32_t v) { return _mm512_set1_epi32(v); }
   static I nib_lo(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
   static I nib_hi(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
-  static I add_bit4(I w, uint64_t m) { return _mm512_mask_add_epi8(w, _cvtu64_mask64(m), w, _mm512_set1_epi8(16)); }
+  static I add_bit(I w, uint64_t m, char v) { return _mm512_mask_add_epi8(w, _cvtu64_mask64(m), w, _mm512_set1_epi8(v)); }
+  static I add_bit4(I w, uint64_t m) { return add_bit(w, m, 16); }
+  // Bits 2n..2n + 1 of every byte (n a constant after unrolling).
+  static I crumb(I v, int n) { return _mm512_and_si512(_mm512_srli_epi16(v, 2 * n), _mm512_set1_epi8(3)); }
   static I hi2(I hv) { return _mm512_and_si512(hv, _mm512_set1_epi8(0x30)); }
   static I or_hi2_shl4(I lo, I hv) { return _mm512_or_si512(lo, hi2(_mm512_slli_epi16(hv, 4))); }
   static I or_hi2_shl2(I lo, I hv) { return _mm512_or_si512(lo, hi2(_mm512_slli_epi16(hv, 2))); }
@@ -65,6 +68,13 @@ struct Avx512 {
     uint16_t h;
     std::memcpy(&h, p, 2);
     return _cvtsh_ss(h);
+  }
+  // 16 lanes: ((p[l] >> sh) & 15) + (bit l of hb) * 16, as floats (Q4_1/Q5_1 quants).
+  static F nib_f(const uint8_t *p, int sh, uint32_t hb) {
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p)));
+    v = _mm512_and_si512(_mm512_srli_epi32(v, sh), _mm512_set1_epi32(15));
+    v = _mm512_mask_add_epi32(v, static_cast<__mmask16>(hb), v, _mm512_set1_epi32(16));
+    return _mm512_cvtepi32_ps(v);
   }
   static F set1f(float v) { return _mm512_set1_ps(v); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
@@ -131,9 +141,23 @@ void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
   Elementwise<Avx512>::gelu_mul(gate, up, out, n);
 }
 
-const TierKernels kTable{Isa::Avx512,         run<GgmlType::Q8_0>, run<GgmlType::Q4_0>, run<GgmlType::Q5_0>,
-                         run<GgmlType::Q4_K>, run<GgmlType::Q5_K>, run<GgmlType::Q6_K>, attn_rows, gelu_mul, 16,
-                         run_float<GgmlType::F32>, run_float<GgmlType::F16>, run_float<GgmlType::BF16>};
+const TierKernels kTable{Isa::Avx512,
+                         run<GgmlType::Q8_0>,
+                         run<GgmlType::Q4_0>,
+                         run<GgmlType::Q5_0>,
+                         run<GgmlType::Q4_K>,
+                         run<GgmlType::Q5_K>,
+                         run<GgmlType::Q6_K>,
+                         run<GgmlType::Q2_K>,
+                         run<GgmlType::Q3_K>,
+                         attn_rows,
+                         gelu_mul,
+                         16,
+                         run_float<GgmlType::F32>,
+                         run_float<GgmlType::F16>,
+                         run_float<GgmlType::BF16>,
+                         run_float<GgmlType::Q4_1>,
+                         run_float<GgmlType::Q5_1>};
 
 }  // namespace
 
