@@ -135,7 +135,10 @@ TEST_P(CpuKernels, ExtremeQuantsEqualGeneric) {
   if (!isa_supported(isa)) {
     GEIST_SKIP(std::string("this CPU has no ") + isa_name(isa) + " tier (best: " + isa_name(best_isa()) + ")");
   }
-  if (c.type == GgmlType::F32 || c.type == GgmlType::F16 || c.type == GgmlType::BF16) GTEST_SKIP() << "float weights";
+  if (c.type == GgmlType::F32 || c.type == GgmlType::F16 || c.type == GgmlType::BF16 || c.type == GgmlType::Q4_1 ||
+      c.type == GgmlType::Q5_1) {
+    GTEST_SKIP() << "float kernels (no integer runs)";
+  }
   const auto &tr = quant::traits(c.type);
   const size_t rb = quant::row_bytes(c.type, c.K);
   const int64_t nblk = c.K / tr.block_size;
@@ -145,6 +148,8 @@ TEST_P(CpuKernels, ExtremeQuantsEqualGeneric) {
   switch (c.type) {
     case GgmlType::Q4_K: case GgmlType::Q5_K: f16_fields = {0, 2}; break;
     case GgmlType::Q6_K: f16_fields = {208}; break;
+    case GgmlType::Q2_K: f16_fields = {80, 82}; break;  // quants 3, scales and mins 15
+    case GgmlType::Q3_K: f16_fields = {108}; break;     // quants 3 (+ 4), scales 31
     default: f16_fields = {0}; break;
   }
   std::vector<uint8_t> data(rb * c.N, 0xFF);

@@ -299,23 +299,51 @@ struct Kernels {
         for (int u = 0; u < 2; ++u) {  // the chunk's two 16-element sub-blocks
           const int sub = 2 * c + u;
           const I v = S::load(o + 128 * c + 64 * u + 32 * h);
-          I p[R];
-          for (int r = 0; r < R; ++r) {
-            p[r] = q3 ? S::set1(-4 * a.xs16[(r0 + r) * (K / 16) + 16 * s + sub]) : S::zero();
-          }
-          #pragma GCC unroll 4
-          for (int jj = 0; jj < 4; ++jj) {
-            const int j = 4 * u + jj;
+          auto wq = [&](int jj) {  // the quants (Q3_K: + 4) of k-group 4 u + jj
             I w = S::crumb(v, jj);
             if constexpr (q3) {
               uint64_t m;
-              std::memcpy(&m, o + 1024 + 64 * c + 8 * j, 8);
+              std::memcpy(&m, o + 1024 + 64 * c + 8 * (4 * u + jj), 8);
               w = S::add_bit(w, m >> (32 * h), 4);
             }
-            for (int r = 0; r < R; ++r) p[r] = S::dp(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * c + 4 * j));
+            return w;
+          };
+          const uint8_t *scp = o + sc_off + 16 * sub + L * h;
+          const I sc = q3 ? S::load_s8_i32(scp) : S::load_u8_i32(scp);
+          if constexpr (S::kI16Acc) {
+            // The sub-block's 4 k-groups in one int16 run (kI16Run<7> = 18 >= 4), widened
+            // with the scale folded into the madd; Q3_K's offset as -4 * sum(x) * scale.
+            static_assert(kI16Run<7> >= 4, "a Q2_K/Q3_K sub-block fits one int16 run");
+            const I sc2 = S::dup16(sc);
+            I p[R];
+            for (int r = 0; r < R; ++r) p[r] = S::zero();
+            #pragma GCC unroll 4
+            for (int jj = 0; jj < 4; ++jj) {
+              const I w = wq(jj);
+              for (int r = 0; r < R; ++r) {
+                p[r] = S::add16(p[r], S::dp16(w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * c + 4 * (4 * u + jj))));
+              }
+            }
+            for (int r = 0; r < R; ++r) {
+              isum[r] = S::add(isum[r], S::madd16(p[r], sc2));
+              if constexpr (q3) {
+                isum[r] = S::add(isum[r], S::mullo(S::set1(-4 * a.xs16[(r0 + r) * (K / 16) + 16 * s + sub]), sc));
+              }
+            }
+          } else {
+            I p[R];
+            for (int r = 0; r < R; ++r) {
+              p[r] = q3 ? S::set1(-4 * a.xs16[(r0 + r) * (K / 16) + 16 * s + sub]) : S::zero();
+            }
+            #pragma GCC unroll 4
+            for (int jj = 0; jj < 4; ++jj) {
+              const I w = wq(jj);
+              for (int r = 0; r < R; ++r) {
+                p[r] = S::dp(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * c + 4 * (4 * u + jj)));
+              }
+            }
+            for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::mullo(p[r], sc));
           }
-          const I sc = q3 ? S::load_s8_i32(o + sc_off + 16 * sub + L * h) : S::load_u8_i32(o + sc_off + 16 * sub + L * h);
-          for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::mullo(p[r], sc));
         }
       }
       const F d = S::cvtph(o + 1792 + 2 * L * h);

@@ -31,7 +31,9 @@ struct Avx512 {
   static I set1(int32_t v) { return _mm512_set1_epi32(v); }
   static I nib_lo(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
   static I nib_hi(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
-  static I add_bit(I w, uint64_t m, char v) { return _mm512_mask_add_epi8(w, _cvtu64_mask64(m), w, _mm512_set1_epi8(v)); }
+  static I add_bit(I w, uint64_t m, char v) {
+    return _mm512_mask_add_epi8(w, _cvtu64_mask64(m), w, _mm512_set1_epi8(v));
+  }
   static I add_bit4(I w, uint64_t m) { return add_bit(w, m, 16); }
   // Bits 2n..2n + 1 of every byte (n a constant after unrolling).
   static I crumb(I v, int n) { return _mm512_and_si512(_mm512_srli_epi16(v, 2 * n), _mm512_set1_epi8(3)); }
