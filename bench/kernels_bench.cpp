@@ -98,6 +98,12 @@ void matmul_args(benchmark::internal::Benchmark *b) {
     b->Args({int(GgmlType::Q5_K), 2048, 640, rows});
     b->Args({int(GgmlType::Q6_K), 2048, 640, rows});
   }
+  for (int rows : {1, 16, 128, 512}) {  // the other GGUF types (Q2_K/Q3_K mixes, Q4_1/Q5_1 files)
+    b->Args({int(GgmlType::Q2_K), 2048, 640, rows});
+    b->Args({int(GgmlType::Q3_K), 2048, 640, rows});
+    b->Args({int(GgmlType::Q4_1), 640, 2048, rows});
+    b->Args({int(GgmlType::Q5_1), 640, 2048, rows});
+  }
   for (int rows : {1, 16, 128}) {  // float weights (tiny test models, F16/BF16 GGUFs)
     b->Args({int(GgmlType::F32), 640, 2048, rows});
     b->Args({int(GgmlType::F16), 640, 2048, rows});

@@ -34,7 +34,10 @@ with <unusedN> tokens (control, score -1000, as the real file types its unused t
 the real size 262144, so the output head has the real width. Greedy decoding nearly always
 picks an <unusedN> token, which prints as empty text: expect no visible output.
 
-Usage: python3 scripts/make_synth_gemma3.py OUT.gguf
+Usage: python3 scripts/make_synth_gemma3.py OUT.gguf [--mix q2_k|q3_k|q4_1|q5_1]
+--mix: other per-layer types, for measuring those kernels (the head stays Q8_0). q2_k,
+q3_k: attn_output and ffn_down (the only layer matrices whose input width is a multiple
+of 256) in Q2_K or Q3_K, the rest as above; q4_1, q5_1: every layer matrix in that type.
 Needs numpy and gguf only (and scripts/make_tiny_gemma3.py next to this file). Writes
 254,351,584 bytes in a few seconds (the real file: 253,113,024). The tensor data has the real
 file's sizes and offsets exactly; the synthetic token list's metadata is ~1.2 MB longer.
@@ -99,9 +102,16 @@ def random_blocks(rng, rows, cols, qt):
 
 
 def main():
-    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
-        sys.exit("usage: python3 scripts/make_synth_gemma3.py OUT.gguf")
-    out = sys.argv[1]
+    args = sys.argv[1:]
+    mix = None
+    if len(args) == 3 and args[1] == "--mix" and args[2] in ("q2_k", "q3_k", "q4_1", "q5_1"):
+        mix = args[2]
+        args = args[:1]
+    if len(args) != 1 or args[0].startswith("-"):
+        sys.exit("usage: python3 scripts/make_synth_gemma3.py OUT.gguf [--mix q2_k|q3_k|q4_1|q5_1]")
+    out = args[0]
+    k_mix = {"q2_k": QT.Q2_K, "q3_k": QT.Q3_K}.get(mix)
+    all_mix = {"q4_1": QT.Q4_1, "q5_1": QT.Q5_1}.get(mix)
     rng = np.random.default_rng(270)
 
     w = gguf.GGUFWriter(out, "gemma3")
@@ -144,6 +154,11 @@ def main():
     w.add_file_type(FILE_TYPE)
 
     def q(name, n_in, n_out, qt):
+        if name.startswith("blk."):
+            if all_mix is not None:
+                qt = all_mix
+            elif k_mix is not None and n_in % 256 == 0:
+                qt = k_mix
         a = random_blocks(rng, n_out, n_in, qt)
         w.add_tensor(name, a, raw_shape=a.shape, raw_dtype=qt)
 
