@@ -217,6 +217,15 @@ struct Kernels {
         const uint8_t *q = o + 256 * c;
         const I hv0 = S::load(o + 2048 + 128 * c + 32 * h);
         const I hv1 = S::load(o + 2048 + 128 * c + 64 + 32 * h);
+        if constexpr (i16_run<quant::GgmlType::Q6_K>() > 0) {
+          // The chunk's offsets, -32 x (sc xs16 of sub-block 2c + the same of 2c + 1), as one
+          // product of int16 pairs: (-32 sc[2c], -32 sc[2c + 1]) x (xs16[2c], xs16[2c + 1])
+          // (|32 sc| <= 4096, |xs16| <= 2048).
+          const I scn = S::mul16_m32(S::load_s8_pair_i16(o + 3072 + 32 * c + L * h, o + 3072 + 32 * c + 16 + L * h));
+          for (int r = 0; r < R; ++r) {
+            isum[r] = S::add(isum[r], S::scale16(S::set1(s16pair(a.xs16 + (r0 + r) * (K / 16) + 16 * s + 2 * c)), scn));
+          }
+        }
         #pragma GCC unroll 2
         for (int u = 0; u < 2; ++u) {  // the chunk's two 16-element sub-blocks
           const int sub = 2 * c + u;
@@ -234,14 +243,7 @@ struct Kernels {
             }
           };
           if constexpr (i16_run<quant::GgmlType::Q6_K>() > 0) {
-            // sc x (sum of products - 32 x block sum): the offset as (-xs16, 0) x (32 sc, 32 sc),
-            // each product within int16 (|32 sc| <= 4096, |xs16| <= 2048).
             const I sc2 = S::load_s8_i16x2(o + 3072 + 16 * sub + L * h);
-            const I sc32 = S::shl5_16(sc2);
-            for (int r = 0; r < R; ++r) {
-              const int32_t nxs = -a.xs16[(r0 + r) * (K / 16) + 16 * s + sub];
-              isum[r] = S::add(isum[r], S::scale16(S::set1(int32_t(uint16_t(nxs))), sc32));
-            }
             #pragma GCC unroll 2
             for (int j0 = 0; j0 < 4; j0 += 2) {
               I p[R];

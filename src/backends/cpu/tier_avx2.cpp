@@ -98,7 +98,12 @@ struct Avx2 {
   // p's int16 pairs summed and multiplied by the scale in each 32-bit lane (sc2 holds it
   // twice, as two int16).
   static I scale16(I p, I sc2) { return _mm256_madd_epi16(p, sc2); }
-  static I shl5_16(I v) { return _mm256_slli_epi16(v, 5); }
+  static I mul16_m32(I v) { return _mm256_mullo_epi16(v, _mm256_set1_epi16(-32)); }
+  // 8 bytes at p0 and at p1 (signed): lane k the int16 pair (p0[k], p1[k]).
+  static I load_s8_pair_i16(const uint8_t *p0, const uint8_t *p1) {
+    return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p0)),
+                                                  _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p1))));
+  }
   // 8 bytes at p (unsigned / signed), byte k as the int16 pair (v, v) of lane k.
   static I load_u8_i16x2(const uint8_t *p) {
     const I b = _mm256_set1_epi64x(static_cast<int64_t>(x8(p)));
