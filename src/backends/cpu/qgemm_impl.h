@@ -121,7 +121,7 @@ struct Kernels {
       } else {
       #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
-        const I w = wvec<T>(q, j, h);
+        const I w = U ? S::load(wu + 32 * (8 * b + j)) : wvec<T>(q, j, h);
         for (int r = 0; r < R; ++r) {
           const int32_t xv = x4(a.xq + (r0 + r) * K + 32 * b + 4 * j);
           if constexpr (T == quant::GgmlType::Q8_0) {
@@ -177,7 +177,7 @@ struct Kernels {
           for (int r = 0; r < R; ++r) p[r] = S::zero();
           #pragma GCC unroll 8
           for (int j = 0; j < 8; ++j) {
-            const I w = nibbles(q, q5 ? o + 2048 + 64 * t : nullptr, j, h);
+            const I w = U ? S::load(wu + 32 * (64 * s + 8 * t + j)) : nibbles(q, q5 ? o + 2048 + 64 * t : nullptr, j, h);
             for (int r = 0; r < R; ++r) p[r] = S::dp(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * t + 4 * j));
           }
           const I sc = S::load_u8_i32(o + off + 16 * t + L * h);
@@ -261,8 +261,8 @@ struct Kernels {
             for (int r = 0; r < R; ++r) p[r] = S::set1(-32 * a.xs16[(r0 + r) * (K / 16) + 16 * s + sub]);
             #pragma GCC unroll 8
             for (int jj = 0; jj < 4; ++jj) {
-              const I w = wv(jj);
               const int j = 4 * u + jj;
+              const I w = U ? S::load(wu + 32 * (64 * s + 8 * c + j)) : wv(jj);
               for (int r = 0; r < R; ++r) p[r] = S::dp(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * c + 4 * j));
             }
             const I sc = S::load_s8_i32(o + 3072 + 16 * sub + L * h);
@@ -279,11 +279,12 @@ struct Kernels {
     for (int r = 0; r < R; ++r) S::store(y + r * a.ldy, acc[r], n_valid);
   }
 
-  // Whether gemm builds each group's weight vectors once per row block (unpack) for the
-  // tiers that sum in int16 (their unpacking costs as much as the dot products).
+  // Whether gemm builds each group's weight vectors once per row block (unpack): on the
+  // 8-lane tiers (S::kUnpackOnce), where unpacking a k-group (Q5's fifth bits: six vector
+  // ops) costs more than a row's dot product. Q8_0 is used as stored.
   template <quant::GgmlType T>
   static constexpr bool unpack_once() {
-    return i16_run<T>() > 0;
+    return S::kUnpackOnce && T != quant::GgmlType::Q8_0;
   }
 
   // The weight vectors of half h of the group at grp (K columns), in the order the tiles

@@ -38,6 +38,7 @@ struct Avx2 {
   // Q8_0 is multiplied signed x signed (dp_q8 flips the stored + 128 back), so no offset.
   static constexpr int kQ8Offset = 0;
 #endif
+  static constexpr bool kUnpackOnce = true;  // qgemm_impl.h: unpack_once
   static constexpr int kAttnDv = 2;
   static constexpr int kFloatWT = 2;  // float GEMM tile: 2 weight rows x 3 activation rows
   static constexpr int kFloatRT = 3;
