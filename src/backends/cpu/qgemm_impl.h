@@ -74,6 +74,23 @@ struct Kernels {
     return w;
   }
 
+  // k-groups whose maddubs results an int16 lane can sum (S::kI16Dp): a pair of products
+  // is at most 2 x wmax x 128 in magnitude (activations are in [-128, 127]), so 8 for
+  // 4-bit weights (30720), 4 for 5-bit (31744), 2 for 6-bit (32256); 0: not on this tier
+  // (VNNI sums into int32) or not for this type (Q8_0's pairs need all 16 bits).
+  template <quant::GgmlType T>
+  static constexpr int i16_run() {
+    if constexpr (!S::kI16Dp) return 0;
+    switch (T) {
+      case quant::GgmlType::Q4_0:
+      case quant::GgmlType::Q4_K: return 8;
+      case quant::GgmlType::Q5_0:
+      case quant::GgmlType::Q5_K: return 4;
+      case quant::GgmlType::Q6_K: return 2;
+      default: return 0;
+    }
+  }
+
   // Weight vector of k-group j of a block, lanes of half h.
   template <quant::GgmlType T>
   static I wvec(const uint8_t *q, int j, int h) {
@@ -84,19 +101,9 @@ struct Kernels {
     }
   }
 
-  // The int16-run path: AVX2 without VNNI, every type but Q8_0 (whose |w| reaches 128).
-  template <quant::GgmlType T>
-  static constexpr bool i16_path() {
-    if constexpr (S::kI16Acc) {
-      return T != quant::GgmlType::Q8_0;
-    } else {
-      return false;
-    }
-  }
-
-  template <quant::GgmlType T, int R>
+  template <quant::GgmlType T, int R, bool U>
   static void tile_q32(const uint8_t *grp, int64_t nb, const GemmArgs &a, int r0, int h, float *y, int n_valid,
-                       const uint8_t *pf) {
+                       const uint8_t *pf, const uint8_t *wu) {
     constexpr int per = per_block<T>();
     const uint8_t *scales = grp + nb * per;
     const int64_t K = a.K;
@@ -107,32 +114,32 @@ struct Kernels {
       const uint8_t *q = grp + b * per;
       I isum[R];
       for (int r = 0; r < R; ++r) isum[r] = S::set1(-offset<T>() * a.xs32[(r0 + r) * (K / 32) + b]);
-      if constexpr (i16_path<T>()) {
-        constexpr int run = kI16Run<T == quant::GgmlType::Q4_0 ? 15 : 31>;
+      if constexpr (i16_run<T>() > 0) {
+        constexpr int run = i16_run<T>();
         #pragma GCC unroll 2
         for (int j0 = 0; j0 < 8; j0 += run) {
           I p[R];
           for (int r = 0; r < R; ++r) p[r] = S::zero();
           #pragma GCC unroll 8
-          for (int jj = 0; jj < run; ++jj) {
-            const I w = wvec<T>(q, j0 + jj, h);
-            for (int r = 0; r < R; ++r) p[r] = S::add16(p[r], S::dp16(w, x4(a.xq + (r0 + r) * K + 32 * b + 4 * (j0 + jj))));
+          for (int j = j0; j < j0 + run; ++j) {
+            const I w = U ? S::load(wu + 32 * (8 * b + j)) : wvec<T>(q, j, h);
+            for (int r = 0; r < R; ++r) p[r] = S::dp16(p[r], w, x4(a.xq + (r0 + r) * K + 32 * b + 4 * j));
           }
-          for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::madd16(p[r], S::ones16()));
+          for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::widen16(p[r]));
         }
       } else {
-        #pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) {
-          const I w = wvec<T>(q, j, h);
-          for (int r = 0; r < R; ++r) {
-            const int32_t xv = x4(a.xq + (r0 + r) * K + 32 * b + 4 * j);
-            if constexpr (T == quant::GgmlType::Q8_0) {
-              isum[r] = S::dp_q8(isum[r], w, xv);
-            } else {
-              isum[r] = S::dp(isum[r], w, xv);
-            }
+      #pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const I w = U ? S::load(wu + 32 * (8 * b + j)) : wvec<T>(q, j, h);
+        for (int r = 0; r < R; ++r) {
+          const int32_t xv = x4(a.xq + (r0 + r) * K + 32 * b + 4 * j);
+          if constexpr (T == quant::GgmlType::Q8_0) {
+            isum[r] = S::dp_q8(isum[r], w, xv);
+          } else {
+            isum[r] = S::dp(isum[r], w, xv);
           }
         }
+      }
       }
       const F dw = S::cvtph(scales + 32 * b + 2 * L * h);
       for (int r = 0; r < R; ++r) {
@@ -144,9 +151,9 @@ struct Kernels {
   }
 
   // --- Q4_K / Q5_K ---
-  template <quant::GgmlType T, int R>
+  template <quant::GgmlType T, int R, bool U>
   static void tile_q45k(const uint8_t *grp, int64_t nsb, const GemmArgs &a, int r0, int h, float *y, int n_valid,
-                        const uint8_t *pf) {
+                        const uint8_t *pf, const uint8_t *wu) {
     constexpr bool q5 = T == quant::GgmlType::Q5_K;
     constexpr size_t sb_bytes = q5 ? 3008 : 2496;
     constexpr size_t off = q5 ? 2560 : 2048;
@@ -160,31 +167,29 @@ struct Kernels {
       for (int r = 0; r < R; ++r) isum[r] = S::zero();
       for (int t = 0; t < 8; ++t) {
         const uint8_t *q = o + 256 * t;
-        const I sc = S::load_u8_i32(o + off + 16 * t + L * h);
-        if constexpr (i16_path<T>()) {
-          constexpr int run = kI16Run<q5 ? 31 : 15>;
-          const I sc2 = S::dup16(sc);
+        if constexpr (i16_run<T>() > 0) {
+          constexpr int run = i16_run<T>();
+          const I sc2 = S::load_u8_i16x2(o + off + 16 * t + L * h);
           #pragma GCC unroll 2
           for (int j0 = 0; j0 < 8; j0 += run) {
             I p[R];
             for (int r = 0; r < R; ++r) p[r] = S::zero();
             #pragma GCC unroll 8
-            for (int jj = 0; jj < run; ++jj) {
-              const I w = nibbles(q, q5 ? o + 2048 + 64 * t : nullptr, j0 + jj, h);
-              for (int r = 0; r < R; ++r) {
-                p[r] = S::add16(p[r], S::dp16(w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * t + 4 * (j0 + jj))));
-              }
+            for (int j = j0; j < j0 + run; ++j) {
+              const I w = U ? S::load(wu + 32 * (64 * s + 8 * t + j)) : nibbles(q, q5 ? o + 2048 + 64 * t : nullptr, j, h);
+              for (int r = 0; r < R; ++r) p[r] = S::dp16(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * t + 4 * j));
             }
-            for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::madd16(p[r], sc2));
+            for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::scale16(p[r], sc2));
           }
         } else {
           I p[R];
           for (int r = 0; r < R; ++r) p[r] = S::zero();
           #pragma GCC unroll 8
           for (int j = 0; j < 8; ++j) {
-            const I w = nibbles(q, q5 ? o + 2048 + 64 * t : nullptr, j, h);
+            const I w = U ? S::load(wu + 32 * (64 * s + 8 * t + j)) : nibbles(q, q5 ? o + 2048 + 64 * t : nullptr, j, h);
             for (int r = 0; r < R; ++r) p[r] = S::dp(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * t + 4 * j));
           }
+          const I sc = S::load_u8_i32(o + off + 16 * t + L * h);
           for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::mullo(p[r], sc));
         }
       }
@@ -206,9 +211,9 @@ struct Kernels {
   }
 
   // --- Q6_K ---
-  template <int R>
+  template <int R, bool U>
   static void tile_q6k(const uint8_t *grp, int64_t nsb, const GemmArgs &a, int r0, int h, float *y, int n_valid,
-                       const uint8_t *pf) {
+                       const uint8_t *pf, const uint8_t *wu) {
     const int64_t K = a.K;
     F acc[R];
     for (int r = 0; r < R; ++r) acc[r] = S::fzero();
@@ -221,14 +226,24 @@ struct Kernels {
         const uint8_t *q = o + 256 * c;
         const I hv0 = S::load(o + 2048 + 128 * c + 32 * h);
         const I hv1 = S::load(o + 2048 + 128 * c + 64 + 32 * h);
+        if constexpr (i16_run<quant::GgmlType::Q6_K>() > 0) {
+          // The chunk's offsets, -32 x (sc xs16 of sub-block 2c + the same of 2c + 1), as one
+          // product of int16 pairs: (-32 sc[2c], -32 sc[2c + 1]) x (xs16[2c], xs16[2c + 1])
+          // (|32 sc| <= 4096, |xs16| <= 2048).
+          const I scn = S::mul16_m32(S::load_s8_pair_i16(o + 3072 + 32 * c + L * h, o + 3072 + 32 * c + 16 + L * h));
+          for (int r = 0; r < R; ++r) {
+            isum[r] = S::add(isum[r], S::scale16(S::set1(s16pair(a.xs16 + (r0 + r) * (K / 16) + 16 * s + 2 * c)), scn));
+          }
+        }
         #pragma GCC unroll 2
         for (int u = 0; u < 2; ++u) {  // the chunk's two 16-element sub-blocks
           const int sub = 2 * c + u;
-          auto wq = [&](int jj) {  // the 6-bit quants (+ 32) of k-group 4 u + jj
+          const I hv = u == 0 ? hv0 : hv1;
+          // Weight vector of k-group j = 4u + jj: low nibbles and the pre-positioned high bits.
+          const auto wv = [&](int jj) {
             const int j = 4 * u + jj;
             const I v = S::load(q + 64 * (j & 3) + 32 * h);
             const I lo = j < 4 ? S::nib_lo(v) : S::nib_hi(v);
-            const I hv = u == 0 ? hv0 : hv1;
             switch (jj) {
               case 0: return S::or_hi2_shl4(lo, hv);
               case 1: return S::or_hi2_shl2(lo, hv);
@@ -236,34 +251,30 @@ struct Kernels {
               default: return S::or_hi2_shr2(lo, hv);
             }
           };
-          const I sc = S::load_s8_i32(o + 3072 + 16 * sub + L * h);
-          if constexpr (S::kI16Acc) {
-            constexpr int run = kI16Run<63>;
-            const I sc2 = S::dup16(sc);
-            for (int r = 0; r < R; ++r) {
-              isum[r] = S::add(isum[r], S::mullo(S::set1(-32 * a.xs16[(r0 + r) * (K / 16) + 16 * s + sub]), sc));
-            }
+          if constexpr (i16_run<quant::GgmlType::Q6_K>() > 0) {
+            const I sc2 = S::load_s8_i16x2(o + 3072 + 16 * sub + L * h);
             #pragma GCC unroll 2
-            for (int j0 = 0; j0 < 4; j0 += run) {
+            for (int j0 = 0; j0 < 4; j0 += 2) {
               I p[R];
               for (int r = 0; r < R; ++r) p[r] = S::zero();
               #pragma GCC unroll 2
-              for (int jj = j0; jj < j0 + run; ++jj) {
-                const I w = wq(jj);
-                for (int r = 0; r < R; ++r) {
-                  p[r] = S::add16(p[r], S::dp16(w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * c + 4 * (4 * u + jj))));
-                }
+              for (int jj = j0; jj < j0 + 2; ++jj) {
+                const int j = 4 * u + jj;
+                const I w = U ? S::load(wu + 32 * (64 * s + 8 * c + j)) : wv(jj);
+                for (int r = 0; r < R; ++r) p[r] = S::dp16(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * c + 4 * j));
               }
-              for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::madd16(p[r], sc2));
+              for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::scale16(p[r], sc2));
             }
           } else {
             I p[R];
             for (int r = 0; r < R; ++r) p[r] = S::set1(-32 * a.xs16[(r0 + r) * (K / 16) + 16 * s + sub]);
             #pragma GCC unroll 8
             for (int jj = 0; jj < 4; ++jj) {
-              const I w = wq(jj);
-              for (int r = 0; r < R; ++r) p[r] = S::dp(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * c + 4 * (4 * u + jj)));
+              const int j = 4 * u + jj;
+              const I w = U ? S::load(wu + 32 * (64 * s + 8 * c + j)) : wv(jj);
+              for (int r = 0; r < R; ++r) p[r] = S::dp(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * c + 4 * j));
             }
+            const I sc = S::load_s8_i32(o + 3072 + 16 * sub + L * h);
             for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::mullo(p[r], sc));
           }
         }
@@ -370,10 +381,67 @@ struct Kernels {
     for (int r = 0; r < R; ++r) S::store(y + r * a.ldy, acc[r], n_valid);
   }
 
+  // Whether gemm builds each group's weight vectors once per row block (unpack): on the
+  // 8-lane tiers (S::kUnpackOnce), where unpacking a k-group (Q5's fifth bits: six vector
+  // ops) costs more than a row's dot product. Q8_0 is used as stored; Q2_K and Q3_K
+  // (tile_q23k) unpack in the tile.
+  template <quant::GgmlType T>
+  static constexpr bool unpack_once() {
+    return S::kUnpackOnce && T != quant::GgmlType::Q8_0 && T != quant::GgmlType::Q2_K && T != quant::GgmlType::Q3_K;
+  }
+
+  // The weight vectors of half h of the group at grp (K columns), in the order the tiles
+  // read them: 32 bytes per k-group, [block of 32 / sub-block of 32][8 k-groups]. 8 K bytes.
+  // pf: the next group, fetched a part per block (prefetch_part), or nullptr.
+  template <quant::GgmlType T>
+  static void unpack(const uint8_t *grp, int64_t K, int h, uint8_t *out, const uint8_t *pf, size_t group_bytes) {
+    if constexpr (T == quant::GgmlType::Q6_K) {
+      for (int64_t s = 0; s < K / 256; ++s) {
+        prefetch_part(pf, group_bytes, s, K / 256);
+        const uint8_t *o = grp + s * 3392;
+        for (int c = 0; c < 8; ++c) {
+          const uint8_t *q = o + 256 * c;
+          for (int j = 0; j < 8; ++j) {
+            const I v = S::load(q + 64 * (j & 3) + 32 * h);
+            const I lo = j < 4 ? S::nib_lo(v) : S::nib_hi(v);
+            const I hv = S::load(o + 2048 + 128 * c + 64 * (j / 4) + 32 * h);
+            I w;
+            switch (j & 3) {
+              case 0: w = S::or_hi2_shl4(lo, hv); break;
+              case 1: w = S::or_hi2_shl2(lo, hv); break;
+              case 2: w = S::or_hi2_shl0(lo, hv); break;
+              default: w = S::or_hi2_shr2(lo, hv); break;
+            }
+            S::storei(out + 32 * (64 * s + 8 * c + j), w);
+          }
+        }
+      }
+    } else if constexpr (T == quant::GgmlType::Q4_K || T == quant::GgmlType::Q5_K) {
+      constexpr bool q5 = T == quant::GgmlType::Q5_K;
+      constexpr size_t sb_bytes = q5 ? 3008 : 2496;
+      for (int64_t s = 0; s < K / 256; ++s) {
+        prefetch_part(pf, group_bytes, s, K / 256);
+        const uint8_t *o = grp + s * sb_bytes;
+        for (int t = 0; t < 8; ++t) {
+          for (int j = 0; j < 8; ++j) {
+            S::storei(out + 32 * (64 * s + 8 * t + j), nibbles(o + 256 * t, q5 ? o + 2048 + 64 * t : nullptr, j, h));
+          }
+        }
+      }
+    } else {
+      constexpr int per = per_block<T>();
+      for (int64_t b = 0; b < K / 32; ++b) {
+        prefetch_part(pf, group_bytes, b, K / 32);
+        for (int j = 0; j < 8; ++j) S::storei(out + 32 * (8 * b + j), wvec<T>(grp + b * per, j, h));
+      }
+    }
+  }
+
   // One tile of R rows of group g, half h.
   // pf: the group to prefetch while this tile runs (prefetch_part), or nullptr.
-  template <quant::GgmlType T, int R>
-  static void tile(const GemmArgs &a, int64_t g, int r0, int h, const uint8_t *pf) {
+  // wu: the group's half h unpacked by unpack() (U), else nullptr.
+  template <quant::GgmlType T, int R, bool U = false>
+  static void tile(const GemmArgs &a, int64_t g, int r0, int h, const uint8_t *pf, const uint8_t *wu = nullptr) {
     const uint8_t *grp = a.w + g * a.group_bytes;
     const int64_t n0 = g * 16 + int64_t(h) * L;
     const int n_valid = int(std::min<int64_t>(L, a.n_out - n0));
@@ -382,21 +450,22 @@ struct Kernels {
     if constexpr (T == quant::GgmlType::Q2_K || T == quant::GgmlType::Q3_K) {
       tile_q23k<T, R>(grp, a.K / 256, a, r0, h, y, n_valid, pf);
     } else if constexpr (T == quant::GgmlType::Q6_K) {
-      tile_q6k<R>(grp, a.K / 256, a, r0, h, y, n_valid, pf);
+      tile_q6k<R, U>(grp, a.K / 256, a, r0, h, y, n_valid, pf, wu);
     } else if constexpr (T == quant::GgmlType::Q4_K || T == quant::GgmlType::Q5_K) {
-      tile_q45k<T, R>(grp, a.K / 256, a, r0, h, y, n_valid, pf);
+      tile_q45k<T, R, U>(grp, a.K / 256, a, r0, h, y, n_valid, pf, wu);
     } else {
-      tile_q32<T, R>(grp, a.K / 32, a, r0, h, y, n_valid, pf);
+      tile_q32<T, R, U>(grp, a.K / 32, a, r0, h, y, n_valid, pf, wu);
     }
   }
 
-  template <quant::GgmlType T, int R>
-  static void tail(const GemmArgs &a, int64_t g, int r0, int h, int rem, const uint8_t *pf) {
+  template <quant::GgmlType T, int R, bool U = false>
+  static void tail(const GemmArgs &a, int64_t g, int r0, int h, int rem, const uint8_t *pf,
+                   const uint8_t *wu = nullptr) {
     if constexpr (R > 0) {
       if (rem == R) {
-        tile<T, R>(a, g, r0, h, pf);
+        tile<T, R, U>(a, g, r0, h, pf, wu);
       } else {
-        tail<T, R - 1>(a, g, r0, h, rem, pf);
+        tail<T, R - 1, U>(a, g, r0, h, rem, pf, wu);
       }
     }
   }
@@ -416,6 +485,18 @@ struct Kernels {
         const uint8_t *next = g + 1 < g1 ? a.w + (g + 1) * a.group_bytes
                                          : (re < a.n_rows ? a.w + g0 * a.group_bytes : nullptr);
         for (int h = 0; h < 16 / L; ++h) {
+          if constexpr (unpack_once<T>()) {
+            if (re - rb >= 2 * RT) {
+              // Every tile of the block reads the same weight vectors: build them once.
+              thread_local std::vector<uint8_t> buf;
+              if (buf.size() < size_t(8 * a.K)) buf.resize(size_t(8 * a.K));
+              unpack<T>(a.w + g * a.group_bytes, a.K, h, buf.data(), h == 0 ? next : nullptr, a.group_bytes);
+              int r0 = rb;
+              for (; r0 + RT <= re; r0 += RT) tile<T, RT, true>(a, g, r0, h, nullptr, buf.data());
+              if (r0 < re) tail<T, RT - 1, true>(a, g, r0, h, re - r0, nullptr, buf.data());
+              continue;
+            }
+          }
           int r0 = rb;
           for (; r0 + RT <= re; r0 += RT) {
             tile<T, RT>(a, g, r0, h, h == 0 && r0 == rb ? next : nullptr);

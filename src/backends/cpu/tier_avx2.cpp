@@ -38,12 +38,14 @@ struct Avx2 {
   // Q8_0 is multiplied signed x signed (dp_q8 flips the stored + 128 back), so no offset.
   static constexpr int kQ8Offset = 0;
 #endif
+  static constexpr bool kUnpackOnce = true;  // qgemm_impl.h: unpack_once
   static constexpr int kAttnDv = 2;
   static constexpr int kFloatWT = 2;  // float GEMM tile: 2 weight rows x 3 activation rows
   static constexpr int kFloatRT = 3;
 
   static I load(const uint8_t *p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(p)); }
   static I zero() { return _mm256_setzero_si256(); }
+  static void storei(uint8_t *p, I v) { _mm256_storeu_si256(reinterpret_cast<__m256i *>(p), v); }
   static I set1(int32_t v) { return _mm256_set1_epi32(v); }
   static I nib_lo(I v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
   static I nib_hi(I v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
@@ -90,6 +92,51 @@ struct Avx2 {
     const I ws = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
     const I p = _mm256_maddubs_epi16(_mm256_abs_epi8(ws), _mm256_sign_epi8(_mm256_set1_epi32(x), ws));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+  }
+#endif
+#if defined(GEIST_TIER_AVXVNNI)
+  static constexpr bool kI16Dp = false;
+#else
+  // The quantized kernels sum runs of maddubs results in int16 lanes (dp16) and widen a
+  // run once (widen16, or scale16 for a K-quant sub-block's scale): one multiply per
+  // k-group and row instead of two. The callers bound each run so that no int16 sum can
+  // leave [-32768, 32767]: a pair of products is at most 2 x wmax x 128.
+  static constexpr bool kI16Dp = true;
+  // The empty asm keeps the sum a chain in program order: GCC otherwise reassociates a run
+  // of 8 into a tree, computes all the products of a tile first and spills them.
+  static I dp16(I acc, I w, int32_t x) {
+    I s = _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, _mm256_set1_epi32(x)));
+    __asm__("" : "+x"(s));
+    return s;
+  }
+  static I widen16(I p) { return _mm256_madd_epi16(p, _mm256_set1_epi16(1)); }
+  // p's int16 pairs summed and multiplied by the scale in each 32-bit lane (sc2 holds it
+  // twice, as two int16).
+  static I scale16(I p, I sc2) { return _mm256_madd_epi16(p, sc2); }
+  static I mul16_m32(I v) { return _mm256_mullo_epi16(v, _mm256_set1_epi16(-32)); }
+  // 8 bytes at p0 and at p1 (signed): lane k the int16 pair (p0[k], p1[k]).
+  static I load_s8_pair_i16(const uint8_t *p0, const uint8_t *p1) {
+    return _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p0)),
+                                                  _mm_loadl_epi64(reinterpret_cast<const __m128i *>(p1))));
+  }
+  // 8 bytes at p (unsigned / signed), byte k as the int16 pair (v, v) of lane k.
+  static I load_u8_i16x2(const uint8_t *p) {
+    const I b = _mm256_set1_epi64x(static_cast<int64_t>(x8(p)));
+    return _mm256_srli_epi16(_mm256_shuffle_epi8(b, dup16()), 8);
+  }
+  static I load_s8_i16x2(const uint8_t *p) {
+    const I b = _mm256_set1_epi64x(static_cast<int64_t>(x8(p)));
+    return _mm256_srai_epi16(_mm256_shuffle_epi8(b, dup16()), 8);
+  }
+  static uint64_t x8(const uint8_t *p) {
+    uint64_t v;
+    std::memcpy(&v, p, 8);
+    return v;
+  }
+  // Byte k (k = 4 * lane half + i) into the high byte of both int16 of 32-bit lane k.
+  static I dup16() {
+    return _mm256_setr_epi8(-1, 0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1, 4, -1, 4, -1, 5, -1, 5, -1, 6,
+                            -1, 6, -1, 7, -1, 7);
   }
 #endif
   static I dpwssd(I acc, I w, int32_t x) { return _mm256_add_epi32(acc, _mm256_madd_epi16(w, _mm256_set1_epi32(x))); }

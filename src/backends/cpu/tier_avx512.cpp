@@ -22,6 +22,8 @@ struct Avx512 {
   static constexpr int L = 16;
   static constexpr int RT = 8;
   static constexpr int kQ8Offset = 128;
+  static constexpr bool kUnpackOnce = false;
+  static constexpr bool kI16Dp = false;  // vpdpbusd sums into int32 (qgemm_impl.h)
   static constexpr int kAttnDv = 4;
   static constexpr int kFloatWT = 4;  // float GEMM tile: 4 weight rows x 4 activation rows
   static constexpr int kFloatRT = 4;
