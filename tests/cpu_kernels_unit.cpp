@@ -129,7 +129,7 @@ TEST_P(CpuKernels, PackedEqualsGenericBitForBit) {
 // Every quant at its largest magnitude and activation rows of one value (all 127 or -127
 // after quantization): the longest integer runs the kernels add. The AVX2 tier without
 // VNNI adds its maddubs pair sums in int16 for runs bounded so that these cannot overflow
-// (qgemm_impl.h, kI16Run); an overflow, or a saturating maddubs, would show here.
+// (qgemm_impl.h, i16_run); an overflow, or a saturating maddubs, would show here.
 TEST_P(CpuKernels, ExtremeQuantsEqualGeneric) {
   const auto [isa, c] = GetParam();
   if (!isa_supported(isa)) {

@@ -15,10 +15,10 @@
 // sum, then  acc += (d_w * d_x) * isum  (and  - (dmin_w * d_x) * msum  for mins), in
 // block order, in f32 without contraction.
 //
-// S::kI16Acc (AVX2 without VNNI): runs of u8 x s8 pair sums (maddubs) are added in int16
+// S::kI16Dp (AVX2 without VNNI): runs of u8 x s8 pair sums (maddubs) are added in int16
 // and widened to int32 once per run, the sub-block scale folded into that widening madd.
-// The integer sums are the same; kI16Run<wmax> bounds a run so that no int16 sum can
-// overflow: a pair sum is at most 2 * wmax * 128 (activation quants are within [-128, 127]).
+// The integer sums are the same; i16_run<T>() bounds a run so that no int16 sum can
+// overflow.
 
 template <class S>
 struct Kernels {
@@ -47,10 +47,6 @@ struct Kernels {
     const size_t lo = group_bytes * size_t(i) / size_t(n), hi = group_bytes * size_t(i + 1) / size_t(n);
     for (size_t o = lo & ~size_t(63); o < hi; o += 64) __builtin_prefetch(pf + o, 0, 3);
   }
-
-  template <int wmax>
-  static constexpr int kI16Run = 32767 / (2 * wmax * 128);
-  static_assert(kI16Run<15> == 8 && kI16Run<31> == 4 && kI16Run<63> == 2, "int16 run lengths");
 
   // --- 32-element block formats (Q8_0, Q4_0, Q5_0) ---
   template <quant::GgmlType T>
@@ -321,22 +317,23 @@ struct Kernels {
           };
           const uint8_t *scp = o + sc_off + 16 * sub + L * h;
           const I sc = q3 ? S::load_s8_i32(scp) : S::load_u8_i32(scp);
-          if constexpr (S::kI16Acc) {
-            // The sub-block's 4 k-groups in one int16 run (kI16Run<7> = 18 >= 4), widened
-            // with the scale folded into the madd; Q3_K's offset as -4 * sum(x) * scale.
-            static_assert(kI16Run<7> >= 4, "a Q2_K/Q3_K sub-block fits one int16 run");
-            const I sc2 = S::dup16(sc);
+          if constexpr (S::kI16Dp) {
+            // The sub-block's 4 k-groups in one int16 run (2-bit quants, 3-bit with Q3_K's
+            // offset: a pair is at most 2 x 7 x 128, so 4 pairs fit), widened with the scale
+            // folded into the madd; Q3_K's offset as -4 * sum(x) * scale.
+            static_assert(4 * 2 * 7 * 128 <= 32767, "a Q2_K/Q3_K sub-block fits one int16 run");
+            const I sc2 = q3 ? S::load_s8_i16x2(scp) : S::load_u8_i16x2(scp);
             I p[R];
             for (int r = 0; r < R; ++r) p[r] = S::zero();
             #pragma GCC unroll 4
             for (int jj = 0; jj < 4; ++jj) {
               const I w = wq(jj);
               for (int r = 0; r < R; ++r) {
-                p[r] = S::add16(p[r], S::dp16(w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * c + 4 * (4 * u + jj))));
+                p[r] = S::dp16(p[r], w, x4(a.xq + (r0 + r) * K + 256 * s + 32 * c + 4 * (4 * u + jj)));
               }
             }
             for (int r = 0; r < R; ++r) {
-              isum[r] = S::add(isum[r], S::madd16(p[r], sc2));
+              isum[r] = S::add(isum[r], S::scale16(p[r], sc2));
               if constexpr (q3) {
                 isum[r] = S::add(isum[r], S::mullo(S::set1(-4 * a.xs16[(r0 + r) * (K / 16) + 16 * s + sub]), sc));
               }

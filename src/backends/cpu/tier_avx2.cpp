@@ -70,18 +70,7 @@ struct Avx2 {
   // u8 x s8, four products summed into each int32 lane (exact: no int16 step).
   static I dp(I acc, I w, int32_t x) { return _mm256_dpbusd_avx_epi32(acc, w, _mm256_set1_epi32(x)); }
   static I dp_q8(I acc, I w, int32_t x) { return dp(acc, w, x); }
-  static constexpr bool kI16Acc = false;
 #else
-  // Without VNNI a dp is three instructions (maddubs, madd, add). The kernels instead add
-  // several maddubs results in int16 and widen once per run (kI16Acc; qgemm_impl.h bounds
-  // the run so no int16 sum can overflow), with the sub-block scale in that widening madd.
-  static constexpr bool kI16Acc = true;
-  static I dp16(I w, int32_t x) { return _mm256_maddubs_epi16(w, _mm256_set1_epi32(x)); }  // int16 pair sums
-  static I add16(I a, I b) { return _mm256_add_epi16(a, b); }
-  static I madd16(I p, I s) { return _mm256_madd_epi16(p, s); }
-  static I ones16() { return _mm256_set1_epi16(1); }
-  // An int32 lane holding an int16 value -> that value in both of its int16 halves.
-  static I dup16(I v) { return _mm256_blend_epi16(v, _mm256_slli_epi32(v, 16), 0xAA); }
   // u8 (<= 63) x s8: the int16 pair sums stay below 2^15, so maddubs does not saturate.
   static I dp(I acc, I w, int32_t x) {
     const I p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(x));

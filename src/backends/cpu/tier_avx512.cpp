@@ -46,7 +46,6 @@ struct Avx512 {
   static I or_hi2_shr2(I lo, I hv) { return _mm512_or_si512(lo, hi2(_mm512_srli_epi16(hv, 2))); }
   static I dp(I acc, I w, int32_t x) { return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x)); }
   static I dp_q8(I acc, I w, int32_t x) { return dp(acc, w, x); }
-  static constexpr bool kI16Acc = false;  // VNNI: one instruction per dp (tier_avx2.cpp)
   static I dpwssd(I acc, I w, int32_t x) { return _mm512_dpwssd_epi32(acc, w, _mm512_set1_epi32(x)); }
   static I add(I a, I b) { return _mm512_add_epi32(a, b); }
   static I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
