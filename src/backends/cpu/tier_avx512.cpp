@@ -120,47 +120,9 @@ struct Avx512 {
 #include "backends/cpu/ew_impl.h"
 #include "backends/cpu/fgemm_impl.h"
 #include "backends/cpu/qgemm_impl.h"
+#include "backends/cpu/tier_table_impl.h"
 
-using K = Kernels<Avx512>;
-using quant::GgmlType;
-
-template <GgmlType T>
-void run(const GemmArgs &a, int64_t g0, int64_t g1) {
-  count_tier_call(Isa::Avx512);
-  K::gemm<T>(a, g0, g1);
-}
-
-template <GgmlType T>
-void run_float(const FloatGemmArgs &a, int64_t n0, int64_t n1) {
-  count_tier_call(Isa::Avx512);
-  FloatGemm<Avx512>::gemm<T>(a, n0, n1);
-}
-
-void attn_rows(const AttentionArgs &a, int g, int r0, int r1, int64_t lo, int64_t hi, float *const *st) {
-  Attn<Avx512>::rows_any(a, g, r0, r1, lo, hi, st);
-}
-
-void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
-  Elementwise<Avx512>::gelu_mul(gate, up, out, n);
-}
-
-const TierKernels kTable{Isa::Avx512,
-                         run<GgmlType::Q8_0>,
-                         run<GgmlType::Q4_0>,
-                         run<GgmlType::Q5_0>,
-                         run<GgmlType::Q4_K>,
-                         run<GgmlType::Q5_K>,
-                         run<GgmlType::Q6_K>,
-                         run<GgmlType::Q2_K>,
-                         run<GgmlType::Q3_K>,
-                         attn_rows,
-                         gelu_mul,
-                         16,
-                         run_float<GgmlType::F32>,
-                         run_float<GgmlType::F16>,
-                         run_float<GgmlType::BF16>,
-                         run_float<GgmlType::Q4_1>,
-                         run_float<GgmlType::Q5_1>};
+constexpr TierKernels kTable = TierTable<Avx512, Isa::Avx512>::table();
 
 }  // namespace
 
