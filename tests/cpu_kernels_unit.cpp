@@ -62,6 +62,29 @@ void extreme_scales(GgmlType t, uint8_t *row, int64_t K, std::mt19937 &rng) {
   }
 }
 
+// The view of N rows of type t at data, and (pack) its packed copy in `packed` as the
+// loader makes it: groups of 16 rows, 64-byte aligned. Empty `packed`: no packed path.
+WeightView view_and_pack(GgmlType t, int64_t K, int64_t N, const std::vector<uint8_t> &data, bool pack,
+                         std::vector<uint8_t> *packed) {
+  WeightView w;
+  w.data = data.data();
+  w.type = t;
+  w.n_in = K;
+  w.n_out = N;
+  w.row_bytes = quant::row_bytes(t, K);
+  const size_t gb = pack ? packed_group_bytes(t, K) : 0;
+  if (gb == 0) return w;
+  const int64_t n_groups = (N + 15) / 16;
+  packed->resize(gb * n_groups + 64);
+  uint8_t *base = packed->data() + (64 - reinterpret_cast<uintptr_t>(packed->data()) % 64) % 64;
+  for (int64_t g = 0; g < n_groups; ++g) {
+    pack_group(t, w.row(g * 16), w.row_bytes, int(std::min<int64_t>(16, N - g * 16)), K, base + g * gb);
+  }
+  w.packed = base;
+  w.group_bytes = gb;
+  return w;
+}
+
 class CpuKernels : public ::testing::TestWithParam<std::tuple<Isa, Case>> {};
 
 TEST_P(CpuKernels, PackedEqualsGenericBitForBit) {
@@ -80,26 +103,10 @@ TEST_P(CpuKernels, PackedEqualsGenericBitForBit) {
     if (c.extreme) extreme_scales(c.type, row.data(), c.K, rng);
     std::memcpy(data.data() + n * rb, row.data(), rb);
   }
-  WeightView w;
-  w.data = data.data();
-  w.type = c.type;
-  w.n_in = c.K;
-  w.n_out = c.N;
-  w.row_bytes = rb;
-  WeightView wp = w;  // float weights run unpacked
   std::vector<uint8_t> packed;
-  if (!is_float) {
-    const size_t gb = packed_group_bytes(c.type, c.K);
-    ASSERT_GT(gb, 0u);
-    const int64_t n_groups = (c.N + 15) / 16;
-    packed.resize(gb * n_groups + 64);
-    uint8_t *base = packed.data() + (64 - reinterpret_cast<uintptr_t>(packed.data()) % 64) % 64;
-    for (int64_t g = 0; g < n_groups; ++g) {
-      pack_group(c.type, w.row(g * 16), rb, int(std::min<int64_t>(16, c.N - g * 16)), c.K, base + g * gb);
-    }
-    wp.packed = base;
-    wp.group_bytes = gb;
-  }
+  const WeightView w = view_and_pack(c.type, c.K, c.N, data, false, nullptr);
+  const WeightView wp = view_and_pack(c.type, c.K, c.N, data, !is_float, &packed);  // float weights run unpacked
+  ASSERT_TRUE(is_float || wp.packed != nullptr);
 
   const int max_rows = kRowCounts[std::size(kRowCounts) - 1];
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -164,23 +171,10 @@ TEST_P(CpuKernels, ExtremeQuantsEqualGeneric) {
       if (c.type == GgmlType::Q8_0) std::memset(blk + 2, 0x81, 32);  // -127
     }
   }
-  WeightView w;
-  w.data = data.data();
-  w.type = c.type;
-  w.n_in = c.K;
-  w.n_out = c.N;
-  w.row_bytes = rb;
-  WeightView wp = w;
-  const size_t gb = packed_group_bytes(c.type, c.K);
-  ASSERT_GT(gb, 0u);
-  const int64_t n_groups = (c.N + 15) / 16;
-  std::vector<uint8_t> packed(gb * n_groups + 64);
-  uint8_t *base = packed.data() + (64 - reinterpret_cast<uintptr_t>(packed.data()) % 64) % 64;
-  for (int64_t g = 0; g < n_groups; ++g) {
-    pack_group(c.type, w.row(g * 16), rb, int(std::min<int64_t>(16, c.N - g * 16)), c.K, base + g * gb);
-  }
-  wp.packed = base;
-  wp.group_bytes = gb;
+  std::vector<uint8_t> packed;
+  const WeightView w = view_and_pack(c.type, c.K, c.N, data, false, nullptr);
+  const WeightView wp = view_and_pack(c.type, c.K, c.N, data, true, &packed);
+  ASSERT_NE(wp.packed, nullptr);
   constexpr int kRows = 9;  // a full tile and a tail on every tier
   std::vector<float> x(size_t(kRows) * c.K);
   for (int r = 0; r < kRows; ++r) {
