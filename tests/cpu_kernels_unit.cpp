@@ -401,6 +401,37 @@ TEST(CpuElementwise, GeluOnTheTierInUseMatchesGeneric) {
   }
 }
 
+// The negative tail: where the generic kernel's 1 + tanhf(u) is exactly 0 the tier gives a
+// zero too, and no output is ever a subnormal float (the sigmoid form used to return
+// g up / 2^127 there: subnormals that made every later product a microcode assist).
+TEST(CpuElementwise, GeluTailIsZeroNotSubnormal) {
+  ThreadPool pool(2);
+  std::vector<float> g, u;
+  for (float x = -60.0f; x < -8.0f; x += 0.0137f) {
+    for (float up : {1e-3f, 0.5f, 3.0f, -7.0f, 1e4f}) {
+      g.push_back(x);
+      u.push_back(up);
+    }
+  }
+  const int64_t n = int64_t(g.size());
+  std::vector<float> ref(n), got(n);
+  gelu_mul(g.data(), u.data(), ref.data(), n);
+  gelu_mul(g.data(), u.data(), got.data(), n, pool);
+  int zeros = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_NE(std::fpclassify(got[i]), FP_SUBNORMAL) << "g " << g[i] << " up " << u[i] << " -> " << got[i];
+    ASSERT_NEAR(got[i], ref[i], 2e-6f * (1.0f + std::fabs(ref[i]))) << i;
+    // Away from the cutoff (the two kernels round u differently) a zero is a zero.
+    const float uu = 0.7978845608028654f * (g[i] + 0.044715f * g[i] * g[i] * g[i]);
+    if (uu < -9.02f) {
+      ASSERT_EQ(ref[i], 0.0f) << i;
+      ASSERT_EQ(got[i], 0.0f) << "g " << g[i] << " up " << u[i] << " -> " << got[i];
+      ++zeros;
+    }
+  }
+  EXPECT_GT(zeros, n / 2);
+}
+
 }  // namespace
 }  // namespace geist::cpu
 

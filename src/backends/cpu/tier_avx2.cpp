@@ -183,6 +183,8 @@ struct Avx2 {
     _mm_storeu_ps(out, _mm_mul_ps(t4, _mm_set1_ps(scale)));
   }
   static F fmin(F a, F b) { return _mm256_min_ps(a, b); }
+  // 1.0f in the lanes where a >= b, else 0.0f (false for NaNs).
+  static F step_ge(F a, F b) { return _mm256_and_ps(_mm256_cmp_ps(a, b, _CMP_GE_OQ), _mm256_set1_ps(1.0f)); }
   static F fmax(F a, F b) { return _mm256_max_ps(a, b); }
   static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
   static F round(F v) { return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }

@@ -98,6 +98,8 @@ struct Avx512 {
     _mm_storeu_ps(out, _mm_mul_ps(t4, _mm_set1_ps(scale)));
   }
   static F fmin(F a, F b) { return _mm512_min_ps(a, b); }
+  // 1.0f in the lanes where a >= b, else 0.0f (false for NaNs).
+  static F step_ge(F a, F b) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, b, _CMP_GE_OQ), _mm512_set1_ps(1.0f)); }
   static F fmax(F a, F b) { return _mm512_max_ps(a, b); }
   static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
   static F round(F v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
