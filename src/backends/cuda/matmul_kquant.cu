@@ -1249,6 +1249,224 @@ __global__ void __launch_bounds__(kMmWarps * 32, 2)
   }
 }
 
+// ---- prefill on int8 tensor cores with the weights as the A operand ("wtile") ---------------
+// matmul_mma_kernel unpacks each super-block's weights into shared memory, loads its
+// activations synchronously, and computes between two barriers; under Nsight Compute it
+// issued in 27 % of the cycles. Here each warp holds 16 outputs in registers as mvmma_kernel
+// does (frag_raw's words, the next super-block loading while the current one computes), so
+// the weights never pass through shared memory, and the block's 8 NT activation rows stream
+// into a double buffer with cp.async. Per super-block and 8-row tile a warp runs one MMA per
+// sub-block for the dots and, for the types with mins, two m16n8k16 MMAs for
+// msum = sum_j mn_j * xs_j: the sub-block sums xs_j of the activations, split as
+// 64 * hi_j + lo_j (both fit a signed byte), are the B operand and the mins the A operand
+// (k = j). The integer sums are the same as every other kernel's, the f32 step runs in block
+// order: the same bits.
+
+constexpr int kWtWarps = 4;  // 16 outputs each: 64 outputs per block
+
+template <GgmlType T>
+constexpr int kWtStride = KQ<T>::kSub == 32 ? 256 + 32 : 256 + 16;  // conflict-free LDS.64 / LDS.32 B fragments
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+template <GgmlType T, int NT>
+__global__ void __launch_bounds__(kWtWarps * 32, 2)
+    matmul_wtile_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
+                        const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y,
+                        int n_rows) {
+  using L = KQ<T>;
+  constexpr int kNSub = 256 / L::kSub, kS = kWtStride<T>, kTok = 8 * NT, kThreads = kWtWarps * 32;
+  constexpr bool kMin = L::kDminOff >= 0;
+  extern __shared__ __align__(16) int8_t wt_smem[];
+  int8_t *xs = wt_smem;                                               // [2][kTok][kS]
+  float *xds = reinterpret_cast<float *>(wt_smem + 2 * kTok * kS);  // [kTok]
+  uint32_t *xsh = reinterpret_cast<uint32_t *>(xds + kTok);          // [kTok][4]: hi_j, byte j
+  uint32_t *xsl = xsh + 4 * kTok;                                     // [kTok][4]: lo_j
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tq = lane % 4;
+  const int64_t n0 = int64_t(blockIdx.x) * (16 * kWtWarps) + 16 * warp;
+  const int r0 = blockIdx.y * kTok, rows = n_rows - r0 < kTok ? n_rows - r0 : kTok;
+  const int nb = int(K / 256);
+  // Outputs past the end read the last row and are not stored; rows past the end copy the
+  // last row (their columns are computed and dropped).
+  const uint8_t *w0 = w + size_t(n0 + g < n_out ? n0 + g : n_out - 1) * row_bytes;
+  const uint8_t *w1 = w + size_t(n0 + g + 8 < n_out ? n0 + g + 8 : n_out - 1) * row_bytes;
+  MmBlock<T> k0, k1;
+  mm_load<T>(w0, w1, tq, k0);  // weights never depend on the kernel before: ahead of the wait
+  if constexpr (kMin) {
+    for (int u = tid; u < 8 * kTok; u += kThreads) (u < 4 * kTok ? xsh : xsl)[u % (4 * kTok)] = 0;
+  }
+  dev::pdl_start();
+
+  auto issue = [&](int b) {
+    int8_t *dst = xs + (b & 1) * kTok * kS;
+    for (int u = tid; u < kTok * 16; u += kThreads) {
+      const int r = u / 16, c = u % 16;
+      cp_async16(dst + r * kS + 16 * c, xq + size_t(r0 + (r < rows ? r : rows - 1)) * K + size_t(b) * 256 + 16 * c);
+    }
+    cp_async_commit();
+  };
+  issue(0);
+
+  float acc[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[t][e] = 0.0f;
+
+  auto compute = [&](const MmBlock<T> &k, int b) {
+    const int8_t *xb = xs + (b & 1) * kTok * kS + g * kS;  // this lane's B column (row g of each tile)
+    uint32_t qa[16], qb[16];
+    frag_unpack<T>(k.ra, qa);
+    frag_unpack<T>(k.rb, qb);
+    uint32_t ps[2][4] = {};
+    if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+#pragma unroll
+      for (int o = 0; o < 2; ++o) {
+        const uint32_t *sw = o == 0 ? k.sa : k.sb;
+        ps[o][0] = sw[0] & 0x3F3F3F3Fu;                                          // sc 0-3
+        ps[o][1] = sw[1] & 0x3F3F3F3Fu;                                          // mn 0-3
+        ps[o][2] = (sw[2] & 0x0F0F0F0Fu) | ((sw[0] >> 2) & 0x30303030u);        // sc 4-7
+        ps[o][3] = ((sw[2] >> 4) & 0x0F0F0F0Fu) | ((sw[1] >> 2) & 0x30303030u);  // mn 4-7
+      }
+    }
+    // msum = 64 * (mn . hi) + (mn . lo), k = sub-block: lane tq holds the mins of sub-blocks
+    // 4 tq .. 4 tq + 3 of its outputs (zeros past the last).
+    uint32_t am[2] = {0u, 0u};
+    if constexpr (T == GgmlType::Q2_K) {
+      auto pick = [&](const uint32_t *sw) { return tq == 0 ? sw[0] : tq == 1 ? sw[1] : tq == 2 ? sw[2] : sw[3]; };
+      am[0] = (pick(k.sa) >> 4) & 0x0F0F0F0Fu;
+      am[1] = (pick(k.sb) >> 4) & 0x0F0F0F0Fu;
+    } else if constexpr (kMin) {
+      am[0] = tq == 0 ? ps[0][1] : tq == 1 ? ps[0][3] : 0u;
+      am[1] = tq == 0 ? ps[1][1] : tq == 1 ? ps[1][3] : 0u;
+    }
+    const float dw[2] = {dev::fp16_to_fp32(uint16_t(k.da)), dev::fp16_to_fp32(uint16_t(k.db))};
+    float dm[2] = {0.0f, 0.0f};
+    if constexpr (kMin) {
+      dm[0] = dev::fp16_to_fp32(uint16_t(k.da >> 16));
+      dm[1] = dev::fp16_to_fp32(uint16_t(k.db >> 16));
+    }
+    // Tile by tile (the unpacked quants stay in registers, the integer sums of one tile do).
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      int isum[4] = {0, 0, 0, 0};
+#pragma unroll
+      for (int j = 0; j < kNSub; ++j) {
+        int sc0, sc1, mn;
+        if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
+          sc0 = int(__byte_perm(ps[0][2 * (j / 4)], 0, 0x4440 | (j % 4)));
+          sc1 = int(__byte_perm(ps[1][2 * (j / 4)], 0, 0x4440 | (j % 4)));
+        } else {
+          reg_scale<T>(k.sa, j, &sc0, &mn);
+          reg_scale<T>(k.sb, j, &sc1, &mn);
+        }
+        int c[4];
+        if constexpr (L::kSub == 32) {
+          const uint32_t a[4] = {qa[2 * j], qb[2 * j], qa[2 * j + 1], qb[2 * j + 1]};
+          const uint2 bv = *reinterpret_cast<const uint2 *>(xb + t * 8 * kS + j * 32 + 8 * tq);
+          const uint32_t bf[2] = {bv.x, bv.y};
+          mma_k32(a, bf, c);
+        } else {
+          const uint32_t a[2] = {qa[j], qb[j]};
+          mma_k16(a, *reinterpret_cast<const uint32_t *>(xb + t * 8 * kS + j * 16 + 4 * tq), c);
+        }
+        isum[0] += sc0 * c[0];
+        isum[1] += sc0 * c[1];
+        isum[2] += sc1 * c[2];
+        isum[3] += sc1 * c[3];
+      }
+      int msum[4] = {0, 0, 0, 0};
+      if constexpr (kMin) {
+        int ch[4], cl[4];
+        mma_k16(am, xsh[(8 * t + g) * 4 + tq], ch);
+        mma_k16(am, xsl[(8 * t + g) * 4 + tq], cl);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) msum[e] = 64 * ch[e] + cl[e];
+      }
+      const float2 dx = *reinterpret_cast<const float2 *>(&xds[8 * t + 2 * tq]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        acc[t][e] = __fadd_rn(acc[t][e], block_term<T>(dw[e / 2], dm[e / 2], (e & 1) ? dx.y : dx.x, isum[e], msum[e]));
+      }
+    }
+  };
+
+  // Per super-block: wait for its rows, start the next block's copy, make the sub-block
+  // sums and scales of the rows, then every warp computes (loading its next weights first).
+  auto body = [&](const MmBlock<T> &cur, MmBlock<T> &ahead, int b) {
+    cp_async_wait_all();
+    __syncthreads();  // block b's rows are in; every warp is done with block b - 1
+    if (b + 1 < nb) issue(b + 1);
+    const int8_t *xb = xs + (b & 1) * kTok * kS;
+    if (tid < kTok) xds[tid] = xd[size_t(r0 + (tid < rows ? tid : rows - 1)) * nb + b];
+    if constexpr (kMin) {
+      for (int u = tid; u < kTok * kNSub; u += kThreads) {
+        const int r = u / kNSub, j = u % kNSub;
+        const int *p = reinterpret_cast<const int *>(xb + r * kS + j * L::kSub);
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < L::kSub / 4; ++i) s = __dp4a(p[i], 0x01010101, s);
+        reinterpret_cast<int8_t *>(xsh)[r * 16 + j] = int8_t(s >> 6);  // floor(s / 64)
+        reinterpret_cast<int8_t *>(xsl)[r * 16 + j] = int8_t(s & 63);
+      }
+    }
+    __syncthreads();
+    if (b + 1 < nb) mm_load<T>(w0 + size_t(b + 1) * L::kBytes, w1 + size_t(b + 1) * L::kBytes, tq, ahead);
+    compute(cur, b);
+    return b + 1 < nb;
+  };
+  for (int b = 0; body(k0, k1, b) && body(k1, k0, b + 1); b += 2) {
+  }
+
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = 8 * t + 2 * tq + (e & 1);
+      const int64_t o = n0 + g + 8 * (e / 2);
+      if (r < rows && o < n_out) y[size_t(r0 + r) * n_out + o] = acc[t][e];
+    }
+  }
+}
+
+// Under 48 KiB for NT <= 8 (no opt-in needed): 2 x 64 x 288 + 64 x 36 = 39168 bytes.
+template <GgmlType T, int NT>
+size_t wtile_smem() {
+  return size_t(2) * 8 * NT * kWtStride<T> + size_t(8 * NT) * (4 + 32);
+}
+
+// GEIST_CUDA_WTILE: 0 keeps matmul_mma_kernel for prefill, 4 or 8 picks the 8-row tiles per
+// block of matmul_wtile_kernel (default 8). A knob to compare; the bits are the same.
+int wtile_nt() {
+  static const int v = [] {
+    const char *e = std::getenv("GEIST_CUDA_WTILE");
+    if (e == nullptr || *e == '\0') return 8;
+    const int n = std::atoi(e);
+    return n == 0 || n == 4 || n == 8 ? n : 8;
+  }();
+  return v;
+}
+
+template <GgmlType T>
+void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s) {
+  auto go = [&](auto kernel, int nt) {
+    const size_t smem = nt == 4 ? wtile_smem<T, 4>() : wtile_smem<T, 8>();
+    const dim3 grid(unsigned((wm.n_out + 16 * kWtWarps - 1) / (16 * kWtWarps)), unsigned((n_rows + 8 * nt - 1) / (8 * nt)));
+    launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, wm.data, wm.row_bytes, wm.n_in, wm.n_out, xq, xd, y, n_rows);
+  };
+  if (wtile_nt() == 4) {
+    go(matmul_wtile_kernel<T, 4>, 4);
+  } else {
+    go(matmul_wtile_kernel<T, 8>, 8);
+  }
+}
+
 template <class F>
 bool dispatch_kquant(GgmlType t, F &&f) {
   using G = GgmlType;
@@ -1466,6 +1684,10 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
       for (int m = 0; m < n_mat; ++m) {
         if (skinny(ws[m])) {
           matmul_kquant_n(ws + m, ys + m, 1, xq, xd, n_rows, s);  // the few-rows kernel for this one
+          continue;
+        }
+        if (wtile_nt() != 0) {
+          launch_wtile<T>(ws[m], xq, xd, ys[m], n_rows, s);
           continue;
         }
         const dim3 grid(unsigned((ws[m].n_out + kTile - 1) / kTile), unsigned((n_rows + kTile - 1) / kTile));
