@@ -199,7 +199,7 @@ class CpuExec final : public Exec {
     while (r < n_rows_) {  // runs of ids the table has, gathered together
       int e = r;
       while (e < n_rows_ && tokens_[e] < table.n_out) ++e;
-      if (e > r) cpu::embedding_gather(table, tokens_ + r, e - r, scale, out.rows_from(r).p);
+      if (e > r) cpu::embedding_gather(table, tokens_ + r, e - r, scale, out.rows_from(r).p, *pool_);
       if (e < n_rows_) std::fill_n(out.rows_from(e).p, out.width, 0.0f);
       r = e + 1;
     }
@@ -268,15 +268,15 @@ class CpuExec final : public Exec {
   }
   void add(Act x, Act y, int64_t n) override {
     const OpProfile::Scope ps = scope("add");
-    cpu::add_inplace(x.p, y.p, n);
+    cpu::add_inplace(x.p, y.p, n, *pool_);
   }
   void scale(Act x, float s, int64_t n) override {
     const OpProfile::Scope ps = scope("scale");
-    for (int64_t i = 0; i < n; ++i) x.p[i] *= s;
+    cpu::scale_inplace(x.p, s, n, *pool_);
   }
   void add_scale(Act x, Act y, float s, int64_t n) override {
     const OpProfile::Scope ps = scope("add_scale");
-    for (int64_t i = 0; i < n; ++i) x.p[i] = (x.p[i] + y.p[i]) * s;
+    cpu::add_scale_inplace(x.p, y.p, s, n, *pool_);
   }
   void softcap(Act x, float cap, int64_t n) override {
     const OpProfile::Scope ps = scope("softcap");
@@ -284,9 +284,14 @@ class CpuExec final : public Exec {
   }
   void copy_cols(Act src, int64_t col0, Act dst, int n_rows) override {
     const OpProfile::Scope ps = scope("copy_cols");
-    for (int r = 0; r < n_rows; ++r) {
-      std::memcpy(dst.rows_from(r).p, src.rows_from(r).p + col0, sizeof(float) * size_t(dst.width));
-    }
+    const auto rows = [&](int r0, int r1) {
+      for (int r = r0; r < r1; ++r) {
+        std::memcpy(dst.rows_from(r).p, src.rows_from(r).p + col0, sizeof(float) * size_t(dst.width));
+      }
+    };
+    if (n_rows < 16) return rows(0, n_rows);
+    const int per = (n_rows + pool_->n_threads() - 1) / pool_->n_threads();
+    pool_->run((n_rows + per - 1) / per, [&](int t, int) { rows(t * per, std::min(n_rows, (t + 1) * per)); });
   }
 
  private:

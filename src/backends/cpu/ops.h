@@ -76,6 +76,12 @@ void rope_neox(float *x, int n_rows, int n_heads, int head_dim, int rot_dim, con
 
 // x[i] += y[i]
 void add_inplace(float *x, const float *y, int64_t n);
+// Over the pool (elementwise: the serial loops' bits): x += y; x *= s; x = (x + y) * s; and
+// embedding_gather by rows.
+void add_inplace(float *x, const float *y, int64_t n, ThreadPool &pool);
+void scale_inplace(float *x, float s, int64_t n, ThreadPool &pool);
+void add_scale_inplace(float *x, const float *y, float s, int64_t n, ThreadPool &pool);
+void embedding_gather(const WeightView &w, const int32_t *ids, int n, float scale, float *out, ThreadPool &pool);
 
 // x[i] = cap * tanh(x[i] / cap) (libm's tanhf), split over the pool: each element computed
 // as the single-threaded loop does, so the same bits (the logits' final softcap: 262144
