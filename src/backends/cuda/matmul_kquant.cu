@@ -1352,9 +1352,11 @@ __global__ void __launch_bounds__(kWtWarps * 32, 2)
       dm[0] = dev::fp16_to_fp32(uint16_t(k.da >> 16));
       dm[1] = dev::fp16_to_fp32(uint16_t(k.db >> 16));
     }
-    // Tile by tile (the unpacked quants stay in registers, the integer sums of one tile do).
+    // Tile by tile (the unpacked quants stay in registers, the integer sums of one tile do);
+    // tiles wholly past the last row are skipped (their columns are never stored).
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
+      if (t > 0 && 8 * t >= rows) break;
       int isum[4] = {0, 0, 0, 0};
 #pragma unroll
       for (int j = 0; j < kNSub; ++j) {
@@ -1602,8 +1604,11 @@ int kquant_mvmma_max_rows() {
   return v;
 }
 
+// 32: from 33 rows matmul_wtile_kernel is faster on the H200 (E4B, ms per 64-row prefill
+// call: 24.9 with the few-rows kernel up to 64 rows, 20.8 with it up to 32; at 17-32 rows
+// the few-rows kernel wins, 14.7-16.1 against 18.2-19.4).
 int kquant_skinny_max_rows() {
-  static const int v = env_rows("GEIST_CUDA_SKINNY_ROWS", 64);
+  static const int v = env_rows("GEIST_CUDA_SKINNY_ROWS", wtile_nt() != 0 ? 32 : 64);
   return v;
 }
 
@@ -1617,11 +1622,13 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
     // The few-rows kernel also takes up to twice its row count for a matrix whose 64 x 64
     // tiles would not give every SM one (the down projection, 2560 outputs: 80 tiles at 65-128
     // rows, each a serial walk over K); the bits are the same either way.
+    // (Not with matmul_wtile_kernel, which measured faster there: E4B 129 rows 30.4 ms per
+    // call against 36.1 for 128 with the down projection and q/k/v/o on the few-rows kernel.)
     auto skinny = [&](const DevMatrix &wm) {
       if (n_rows <= kquant_matvec_max_rows()) return false;
       if (n_rows <= kquant_skinny_max_rows()) return true;
       const int64_t tiles = (wm.n_out + kTile - 1) / kTile * ((n_rows + kTile - 1) / kTile);
-      return n_rows <= 2 * kquant_skinny_max_rows() && n_rows <= 128 && tiles < device_sm_count();
+      return wtile_nt() == 0 && n_rows <= 2 * kquant_skinny_max_rows() && n_rows <= 128 && tiles < device_sm_count();
     };
     // One row: the tensor-core kernel only where the matrices give it many tiles (E4B's
     // gate+up and gate: 16.6 vs 18.3 us); on the down projection and the attention

@@ -13,8 +13,10 @@ bool kquant_fast_path(quant::GgmlType t);
 // Row counts each kernel takes (tuning knobs, no effect on the bits): on sm_80 and later up
 // to GEIST_CUDA_MVMMA_ROWS (default and at most 8) the tensor-core matrix-vector kernel;
 // else up to GEIST_CUDA_MATVEC_ROWS (default 2) the dp4a matvec; up to
-// GEIST_CUDA_SKINNY_ROWS (default 64) the few-rows MMA kernel; above, the 64 x 64 tile
-// kernel (int8 MMA needs sm_80).
+// GEIST_CUDA_SKINNY_ROWS (default 32; 64 with GEIST_CUDA_WTILE=0) the few-rows MMA kernel;
+// above, the prefill tile kernel: matmul_wtile_kernel (64 outputs x 64 or 32 rows per block,
+// GEIST_CUDA_WTILE=8 or 4, default 8) or, with GEIST_CUDA_WTILE=0, the older 64 x 64
+// matmul_mma_kernel (int8 MMA needs sm_80).
 int kquant_mvmma_max_rows();
 int kquant_matvec_max_rows();
 // The fewest rows for the int8 MMA kernels: 9 on sm_80 and later, 2^30 (never) before.
