@@ -284,10 +284,11 @@ void BM_PeakReadBandwidth(benchmark::State &st) {
   static uint64_t *buf = nullptr;  // [kWords], all ones, 2 MiB aligned
   if (!buf) {
     buf = reinterpret_cast<uint64_t *>(store.allocate(kBytes));
-    pool().run(kChunks, [](int c, int) { std::fill_n(buf + c * kChunkWords, kChunkWords, uint64_t(1)); });
+    pool().run(kChunks,
+               [](int c, int) { std::fill_n(buf + c * kChunkWords, kChunkWords, uint64_t(1)); });
   }
   std::vector<uint64_t> sums(size_t(kChunks) * 8);  // one cache line per chunk
-  std::vector<uint8_t> by_worker(kChunks);           // whether a thread other than the caller read it
+  std::vector<uint8_t> by_worker(kChunks);  // whether a thread other than the caller read it
   // The widest loads of the tier in use (GEIST_ISA=avx2 measures the AVX2 loop on any CPU).
   const bool w512 = cpu::active_isa() == cpu::Isa::Avx512,
              w256 = w512 || cpu::active_isa() == cpu::Isa::Avx2 || cpu::active_isa() == cpu::Isa::Avx2Vnni;
@@ -303,7 +304,8 @@ void BM_PeakReadBandwidth(benchmark::State &st) {
     benchmark::DoNotOptimize(sums.data());
     for (uint8_t w : by_worker) worker_chunks += w;
   }
-  st.counters["GB/s"] = benchmark::Counter(double(kBytes) * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+  st.counters["GB/s"] =
+      benchmark::Counter(double(kBytes) * st.iterations() / 1e9, benchmark::Counter::kIsRate);
   st.counters["huge_pages"] = huge_page_fraction(buf, kBytes);
   st.counters["worker_share"] = worker_chunks / (double(kChunks) * double(st.iterations()));
 }

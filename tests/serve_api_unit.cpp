@@ -286,8 +286,10 @@ TEST(ServeApiUnit, PrefixCacheImageCapacityRoundsUpByAtMostAnEighth) {
   EXPECT_EQ(PrefixCache::image_capacity(0), 0u);
   EXPECT_EQ(PrefixCache::image_capacity(1), 1u);
   EXPECT_EQ(PrefixCache::image_capacity(size_t(16) << 20), size_t(16) << 20);
-  EXPECT_EQ(PrefixCache::image_capacity((size_t(16) << 20) + 1), size_t(18) << 20);  // steps of 2 MiB
-  for (size_t n : {size_t(7), size_t(1000), size_t(123457), size_t(20600000), SIZE_MAX - 5, SIZE_MAX}) {
+  EXPECT_EQ(PrefixCache::image_capacity((size_t(16) << 20) + 1), size_t(18)
+                                                                     << 20);  // steps of 2 MiB
+  for (size_t n :
+       {size_t(7), size_t(1000), size_t(123457), size_t(20600000), SIZE_MAX - 5, SIZE_MAX}) {
     const size_t c = PrefixCache::image_capacity(n);
     EXPECT_GE(c, n) << n;
     EXPECT_LE(c - n, n / 8) << n;

@@ -64,7 +64,9 @@ void PrefixCache::erase_at(size_t i) {
   entries_.pop_back();
 }
 
-bool PrefixCache::make_room(size_t cost) { return make_room(cost, nullptr); }
+bool PrefixCache::make_room(size_t cost) {
+  return make_room(cost, nullptr);
+}
 
 bool PrefixCache::make_room(size_t cost,
                             std::vector<std::shared_ptr<std::vector<uint8_t>>> *freed) {
@@ -119,8 +121,7 @@ std::shared_ptr<std::vector<uint8_t>> PrefixCache::image_buffer(size_t n_tokens,
   return buf;
 }
 
-bool PrefixCache::insert(std::vector<int32_t> tokens,
-                         std::shared_ptr<std::vector<uint8_t>> image) {
+bool PrefixCache::insert(std::vector<int32_t> tokens, std::shared_ptr<std::vector<uint8_t>> image) {
   const uint64_t h = tokens_hash(tokens.data(), tokens.size());
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (entries_[i].hash == h && entries_[i].tokens == tokens) {
