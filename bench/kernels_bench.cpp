@@ -8,6 +8,9 @@
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -189,7 +192,7 @@ void attention_kv_args(benchmark::internal::Benchmark *b) {
 }
 BENCHMARK(BM_AttentionKv)->Apply(attention_kv_args)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
-// Peak read bandwidth: sum a 1 GiB buffer, split over the pool's threads, with the widest
+// Peak read bandwidth: sum a 1 GiB buffer, in chunks claimed by the pool's threads, with the widest
 // loads the CPU has (512- or 256-bit, 4 independent accumulators; else 64-bit adds).
 __attribute__((target("avx512f"))) uint64_t sum_avx512(const uint64_t *p, size_t n) {
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
@@ -234,24 +237,77 @@ uint64_t sum_scalar(const uint64_t *p, size_t n) {
   return s0 + s1 + s2 + s3;
 }
 
+// Fraction of [p, p + bytes) that the kernel backs with transparent huge pages: the
+// AnonHugePages of the mappings that overlap it (/proc/self/smaps); -1 if unreadable.
+double huge_page_fraction(const void *p, size_t bytes) {
+  FILE *f = std::fopen("/proc/self/smaps", "r");
+  if (!f) return -1;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p), hi = lo + bytes;
+  char line[512], perms[8];
+  unsigned long m_lo = 0, m_hi = 0;
+  bool in = false;
+  double kib = 0, v = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::sscanf(line, "%lx-%lx %7s", &m_lo, &m_hi, perms) == 3) {  // a mapping's header line
+      in = m_lo < hi && m_hi > lo;
+    } else if (in && std::sscanf(line, "AnonHugePages: %lf kB", &v) == 1) {
+      kib += v;
+    }
+  }
+  std::fclose(f);
+  return kib * 1024 / double(bytes);
+}
+
+// The bound that decode speed is compared against (docs/BENCH.md). Choices, each measured
+// on the 2-vCPU AMD EPYC (Zen 5, family 26) with the variants' repetitions randomly
+// interleaved, quiet machine (GB/s, 1 thread / 2 threads):
+// - The buffer comes from PackedStore::allocate, the packed weights' own allocator (2 MiB
+//   aligned, MADV_HUGEPAGE): on 4 KiB pages (a std::vector) every 4 KiB of the stream is a
+//   TLB miss and the prefetchers stop at each page: 35-37 / 73-75 against 41-42 / 81-85.
+// - It is first touched on the pool (on a NUMA machine its pages land near the readers;
+//   here, one node, the same as touching it on one thread).
+// - 64 chunks of 16 MiB are claimed from the pool, not one half per thread: a thread that
+//   starts late leaves its chunks to the others instead of reading its half alone at the
+//   end. worker_share is the fraction of chunks the pool's other threads read:
+//   (T - 1) / T when all T ran throughout (0.49-0.51 at 2 threads here).
+// - No software prefetch and 4 accumulators: prefetching 256 or 512 bytes ahead and 8
+//   accumulators were within the noise with 512-bit loads, and 512 bytes ahead cost the
+//   AVX2 loop 15 % (34 against 40 at 1 thread).
+// On this VM the 2-thread figure also moves with the host: for minutes at a time it reads
+// 40-50 instead of 75-85 with both threads busy throughout (worker_share 0.5), so compare
+// decode against a probe run in the same minutes.
 void BM_PeakReadBandwidth(benchmark::State &st) {
-  const size_t n = size_t(1) << 27;  // 2^27 uint64 = 1 GiB
-  static std::vector<uint64_t> buf(n, 1);
-  std::vector<uint64_t> sums(size_t(pool().n_threads()) * 8);  // one cache line per task
+  constexpr size_t kBytes = size_t(1) << 30, kWords = kBytes / 8;
+  constexpr int kChunks = 64;
+  constexpr size_t kChunkWords = kWords / kChunks;
+  static cpu::PackedStore store;
+  static uint64_t *buf = nullptr;  // [kWords], all ones, 2 MiB aligned
+  if (!buf) {
+    buf = reinterpret_cast<uint64_t *>(store.allocate(kBytes));
+    pool().run(kChunks,
+               [](int c, int) { std::fill_n(buf + c * kChunkWords, kChunkWords, uint64_t(1)); });
+  }
+  std::vector<uint64_t> sums(size_t(kChunks) * 8);  // one cache line per chunk
+  std::vector<uint8_t> by_worker(kChunks);  // whether a thread other than the caller read it
   // The widest loads of the tier in use (GEIST_ISA=avx2 measures the AVX2 loop on any CPU).
   const bool w512 = cpu::active_isa() == cpu::Isa::Avx512,
              w256 = w512 || cpu::active_isa() == cpu::Isa::Avx2 || cpu::active_isa() == cpu::Isa::Avx2Vnni;
+  double worker_chunks = 0;
   for (auto _ : st) {
-    const int T = pool().n_threads();
-    pool().run(T, [&](int task, int) {
-      const size_t lo = n / T * task, len = n / T;
-      sums[size_t(task) * 8] = w512   ? sum_avx512(buf.data() + lo, len)
-                               : w256 ? sum_avx2(buf.data() + lo, len)
-                                      : sum_scalar(buf.data() + lo, len);
+    pool().run(kChunks, [&](int c, int thread) {
+      const uint64_t *p = buf + c * kChunkWords;
+      sums[size_t(c) * 8] = w512   ? sum_avx512(p, kChunkWords)
+                            : w256 ? sum_avx2(p, kChunkWords)
+                                   : sum_scalar(p, kChunkWords);
+      by_worker[c] = thread != 0;
     });
     benchmark::DoNotOptimize(sums.data());
+    for (uint8_t w : by_worker) worker_chunks += w;
   }
-  st.counters["GB/s"] = benchmark::Counter(double(n) * 8 * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+  st.counters["GB/s"] =
+      benchmark::Counter(double(kBytes) * st.iterations() / 1e9, benchmark::Counter::kIsRate);
+  st.counters["huge_pages"] = huge_page_fraction(buf, kBytes);
+  st.counters["worker_share"] = worker_chunks / (double(kChunks) * double(st.iterations()));
 }
 BENCHMARK(BM_PeakReadBandwidth)->UseRealTime()->Unit(benchmark::kMillisecond);
 

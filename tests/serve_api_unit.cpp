@@ -223,8 +223,8 @@ TEST(ServeApiUnit, StopStringsSpanPiecesAndAreNeverEmitted) {
   EXPECT_EQ(m.flush(), "");
 }
 
-std::shared_ptr<const std::vector<uint8_t>> image(size_t n) {
-  return std::make_shared<const std::vector<uint8_t>>(n, uint8_t(7));
+std::shared_ptr<std::vector<uint8_t>> image(size_t n) {
+  return std::make_shared<std::vector<uint8_t>>(n, uint8_t(7));
 }
 
 TEST(ServeApiUnit, PrefixCacheFindsTheLongestPrefix) {
@@ -280,6 +280,99 @@ TEST(ServeApiUnit, PrefixCacheHoldsItsByteCapAndEvictsLeastRecentlyUsed) {
   }
   PrefixCache off(0);
   EXPECT_FALSE(off.make_room(1));
+}
+
+TEST(ServeApiUnit, PrefixCacheImageCapacityRoundsUpByAtMostAnEighth) {
+  EXPECT_EQ(PrefixCache::image_capacity(0), 0u);
+  EXPECT_EQ(PrefixCache::image_capacity(1), 1u);
+  EXPECT_EQ(PrefixCache::image_capacity(size_t(16) << 20), size_t(16) << 20);
+  EXPECT_EQ(PrefixCache::image_capacity((size_t(16) << 20) + 1), size_t(18)
+                                                                     << 20);  // steps of 2 MiB
+  for (size_t n :
+       {size_t(7), size_t(1000), size_t(123457), size_t(20600000), SIZE_MAX - 5, SIZE_MAX}) {
+    const size_t c = PrefixCache::image_capacity(n);
+    EXPECT_GE(c, n) << n;
+    EXPECT_LE(c - n, n / 8) << n;
+  }
+}
+
+// Collects the cache's image buffers (capacity charged) to compare with bytes().
+size_t charged(const PrefixCache &c) {
+  size_t b = 0;
+  for (const PrefixCache::Entry &e : c.entries())
+    b += PrefixCache::entry_cost(e.tokens.size(), e.image->capacity());
+  return b;
+}
+
+TEST(ServeApiUnit, PrefixCacheTakesImagesIntoEvictedBuffersWithinItsCap) {
+  const size_t n = 100000, want = PrefixCache::image_capacity(n);
+  ASSERT_EQ(want, 106496u);  // 13 x 8192, the eighth of 65536
+  const size_t cost = PrefixCache::entry_cost(2, want);
+  PrefixCache c(2 * cost);  // room for exactly two
+  std::vector<const uint8_t *> data;
+  for (int32_t k = 0; k < 2; ++k) {
+    std::shared_ptr<std::vector<uint8_t>> b = c.image_buffer(2, n);
+    ASSERT_NE(b, nullptr);
+    EXPECT_EQ(b->capacity(), want);  // reserved at the rounded size, nothing to reuse yet
+    b->assign(n, uint8_t(k));
+    data.push_back(b->data());
+    ASSERT_TRUE(c.insert({k, k}, b));
+  }
+  EXPECT_EQ(c.buffers_reused(), 0u);
+  EXPECT_EQ(c.bytes(), 2 * cost);
+  // Full: a slightly longer image takes the buffer of the entry evicted for it ({0,0}).
+  std::shared_ptr<std::vector<uint8_t>> b = c.image_buffer(2, n + 10);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(c.evictions(), 1u);
+  EXPECT_EQ(c.buffers_reused(), 1u);
+  EXPECT_EQ(b->data(), data[0]);
+  EXPECT_LE(c.bytes() + PrefixCache::entry_cost(2, b->capacity()), c.capacity());
+  b->resize(n + 10);
+  ASSERT_TRUE(c.insert({2, 2}, b));
+  EXPECT_EQ(b->data(), data[0]);  // no reallocation
+  EXPECT_EQ(c.bytes(), charged(c));
+  // An image someone else still holds (a pending disk write) is evicted but not reused,
+  // and keeps its bytes.
+  std::shared_ptr<const std::vector<uint8_t>> held;
+  for (const PrefixCache::Entry &e : c.entries())
+    if (e.tokens == std::vector<int32_t>{1, 1}) held = e.image;
+  ASSERT_NE(held, nullptr);
+  b = c.image_buffer(2, n);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(c.evictions(), 2u);
+  EXPECT_EQ(c.buffers_reused(), 1u);
+  EXPECT_NE(b->data(), held->data());
+  EXPECT_EQ(*held, std::vector<uint8_t>(n, uint8_t(1)));
+  // A buffer far larger than the image needs is not taken for it.
+  PrefixCache big(PrefixCache::entry_cost(1, 8 * want));
+  ASSERT_TRUE(big.insert({1}, image(8 * want)));
+  b = big.image_buffer(1, n);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(big.evictions(), 1u);
+  EXPECT_EQ(big.buffers_reused(), 0u);
+  EXPECT_EQ(b->capacity(), want);
+  // Too large for the cache: nullptr, nothing evicted.
+  EXPECT_EQ(big.image_buffer(1, 9 * want), nullptr);
+}
+
+TEST(ServeApiUnit, PrefixCacheReusingBuffersNeverExceedsItsCap) {
+  // Images of varying length through a cache of a few entries: what it charges is what its
+  // buffers hold, and that plus the buffer being filled never exceeds the cap.
+  PrefixCache c(5 * PrefixCache::entry_cost(4, 80000));
+  for (int32_t k = 0; k < 400; ++k) {
+    const size_t n = 20000 + size_t(k * 7919 % 60000);
+    std::shared_ptr<std::vector<uint8_t>> b = c.image_buffer(4, n);
+    ASSERT_NE(b, nullptr);
+    ASSERT_GE(b->capacity(), n);
+    ASSERT_LE(c.bytes() + PrefixCache::entry_cost(4, b->capacity()), c.capacity()) << k;
+    const uint8_t *p = b->data();
+    b->resize(n);
+    ASSERT_TRUE(p == nullptr || b->data() == p) << k;  // filled in place
+    ASSERT_TRUE(c.insert({k, k, k, k}, b));
+    ASSERT_EQ(c.bytes(), charged(c));
+    ASSERT_LE(c.bytes(), c.capacity());
+  }
+  EXPECT_GT(c.buffers_reused(), 100u);
 }
 
 TEST(ServeApiUnit, TokensHashAndCommonPrefix) {

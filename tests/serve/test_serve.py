@@ -520,3 +520,34 @@ def test_seed_option_is_the_default_seed(start_server):
     free = start_server(["-c", "1024", "-q"], model=TINY)
     b = {json.loads(http("POST", free.url + "/v1/completions", body)[2])["choices"][0]["text"] for _ in range(4)}
     assert len(b) > 1  # no seed, no -s: a random seed per request
+
+
+def test_snapshots_taken_into_evicted_buffers_are_exact(start_server):
+    # --cache-ram 28 holds the system text's snapshot (~10 MiB) and one prompt-end snapshot
+    # (~11 MiB) of this prompt. The system text is restored (so most recently used) by every
+    # request, so each new question's prompt-end snapshot evicts the previous one and is
+    # taken into its buffer, which still holds the other prompt's bytes. The same request
+    # again restores that image in full; its answer and logprobs equal the ones computed
+    # from scratch.
+    s = start_server(["-c", "1024", "--parallel", "1", "--cache-ram", "28", "-q"])
+    c = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    kw = dict(max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
+
+    def answer(r):
+        lp = [(t.token, t.logprob, [(x.token, x.logprob) for x in t.top_logprobs]) for t in r.choices[0].logprobs.content]
+        return r.choices[0].message.content, r.choices[0].finish_reason, lp
+
+    restored_from_reused = 0
+    for q in range(4):
+        user = f"What is in figure {q * 5 + 1}? Answer briefly, then name figure {q * 7 + 2}."
+        cold = chat(c, user, extra_body={"cache_prompt": False}, **kw)
+        before = s.metrics().get("geist_snapshot_buffers_reused_total", 0)
+        chat(c, user, **kw)  # takes the prompt-end snapshot
+        reused = s.metrics()["geist_snapshot_buffers_reused_total"] > before
+        whole = chat(c, user, **kw)  # restores it: nothing left to prefill
+        assert whole.usage.prompt_tokens_details.cached_tokens == whole.usage.prompt_tokens, whole.usage
+        assert answer(whole) == answer(cold), q
+        restored_from_reused += reused
+    m = s.metrics()
+    assert restored_from_reused >= 2, m
+    assert m["geist_prefix_cache_bytes"] <= 28 * 2 ** 20

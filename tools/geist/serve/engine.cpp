@@ -117,7 +117,7 @@ api::Error Engine::start(std::vector<DiskCache::File> preload, size_t *n_loaded)
           f.path.c_str());
       continue;
     }
-    const size_t cost = PrefixCache::entry_cost(t.size(), f.image.size());
+    const size_t cost = PrefixCache::entry_cost(t.size(), f.image.capacity());
     if (accepted_bytes + cost > cache_.capacity())
       continue;  // newest first: the rest wait for the disk
     accepted_bytes += cost;
@@ -126,7 +126,7 @@ api::Error Engine::start(std::vector<DiskCache::File> preload, size_t *n_loaded)
   probe.clear();
   for (auto it = accepted.rbegin(); it != accepted.rend(); ++it) {
     cache_.insert(std::move(it->first),
-                  std::make_shared<const std::vector<uint8_t>>(std::move(it->second->image)));
+                  std::make_shared<std::vector<uint8_t>>(std::move(it->second->image)));
   }
   if (n_loaded) *n_loaded = accepted.size();
   {
@@ -377,8 +377,9 @@ void Engine::maybe_snapshot(Slot &s) {
   const auto t0 = Clock::now();
   size_t size = 0;
   if (geist_session_snapshot_size(s.session.get(), &size) != GEIST_OK) return;
-  if (!cache_.make_room(PrefixCache::entry_cost(s.n_done, size))) return;
-  auto img = std::make_shared<std::vector<uint8_t>>();
+  // A full cache hands over an evicted image's buffer (no page faults to fill it).
+  std::shared_ptr<std::vector<uint8_t>> img = cache_.image_buffer(s.n_done, size);
+  if (!img) return;
   if (api::Error e = s.session.snapshot(img.get())) {
     std::fprintf(stderr, "geist serve: warning: snapshot failed: %s\n", e.message.c_str());
     return;
@@ -392,6 +393,7 @@ void Engine::maybe_snapshot(Slot &s) {
   stats_.cache_entries = cache_.size();
   stats_.cache_bytes = cache_.bytes();
   stats_.cache_evictions = cache_.evictions();
+  stats_.snapshot_buffers_reused = cache_.buffers_reused();
 }
 
 bool Engine::catch_up(Slot &s) {

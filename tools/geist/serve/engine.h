@@ -103,6 +103,7 @@ struct EngineStats {
   size_t queue_depth = 0, slots_busy = 0, slots_total = 0;
   size_t cache_entries = 0, cache_bytes = 0, cache_capacity = 0;
   uint64_t cache_evictions = 0;
+  uint64_t snapshot_buffers_reused = 0;  // snapshots taken into an evicted image's buffer
 };
 
 class Engine {

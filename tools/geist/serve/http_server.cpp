@@ -583,6 +583,9 @@ std::string Server::metrics_text() const {
          double(s.cache_evictions));
   metric("snapshots_total", "counter", "Snapshots taken into the cache.",
          double(s.snapshots_taken));
+  metric("snapshot_buffers_reused_total", "counter",
+         "Snapshots taken into the buffer of an image evicted to make their room.",
+         double(s.snapshot_buffers_reused));
   metric("decode_steps_total", "counter", "Batched decode steps.", double(s.decode_steps));
   metric("decode_rows_total", "counter", "Tokens decoded by those steps (rows per step summed).",
          double(s.decode_rows));

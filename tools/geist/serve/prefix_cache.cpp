@@ -1,6 +1,9 @@
 #include "prefix_cache.h"
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cstdint>
 #include <cstring>
 #include <utility>
 
@@ -62,11 +65,24 @@ void PrefixCache::erase_at(size_t i) {
 }
 
 bool PrefixCache::make_room(size_t cost) {
+  return make_room(cost, nullptr);
+}
+
+bool PrefixCache::make_room(size_t cost,
+                            std::vector<std::shared_ptr<std::vector<uint8_t>>> *freed) {
   if (cost > capacity_) return false;
   while (bytes_ + cost > capacity_) {
     size_t lru = 0;
     for (size_t i = 1; i < entries_.size(); ++i) {
       if (entries_[i].last_used < entries_[lru].last_used) lru = i;
+    }
+    std::shared_ptr<std::vector<uint8_t>> &img = entries_[lru].image;
+    if (freed && img && img.use_count() == 1) {
+      // No one else holds it, and only this thread could hand out a new reference. The
+      // disk writer's release of its reference is an acq_rel decrement; this fence orders
+      // that thread's reads of the buffer before the writes of whoever reuses it.
+      std::atomic_thread_fence(std::memory_order_acquire);
+      freed->push_back(std::move(img));
     }
     erase_at(lru);
     ++evictions_;
@@ -74,8 +90,38 @@ bool PrefixCache::make_room(size_t cost) {
   return true;
 }
 
-bool PrefixCache::insert(std::vector<int32_t> tokens,
-                         std::shared_ptr<const std::vector<uint8_t>> image) {
+size_t PrefixCache::image_capacity(size_t image_bytes) {
+  const size_t step = std::max<size_t>(1, std::bit_floor(image_bytes) / 8);
+  const size_t r = image_bytes % step;
+  return r == 0 || image_bytes > SIZE_MAX - step ? image_bytes : image_bytes - r + step;
+}
+
+std::shared_ptr<std::vector<uint8_t>> PrefixCache::image_buffer(size_t n_tokens,
+                                                                size_t image_bytes) {
+  const size_t want = image_capacity(image_bytes);
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> freed;
+  if (!make_room(entry_cost(n_tokens, want), &freed)) return nullptr;
+  // The smallest evicted buffer that holds the image without wasting more than an eighth.
+  std::shared_ptr<std::vector<uint8_t>> buf;
+  for (auto &b : freed) {
+    const size_t c = b->capacity();
+    if (c >= image_bytes && c <= want + want / 8 && (!buf || c < buf->capacity())) buf = b;
+  }
+  freed.clear();  // the rest go back to the system (large buffers are mapped on their own)
+  // A buffer larger than `want` is charged its capacity: room for the difference, or none.
+  if (buf && buf->capacity() > want && !make_room(entry_cost(n_tokens, buf->capacity()))) {
+    buf.reset();
+  }
+  if (buf) {
+    ++buffers_reused_;
+    return buf;
+  }
+  buf = std::make_shared<std::vector<uint8_t>>();
+  buf->reserve(want);
+  return buf;
+}
+
+bool PrefixCache::insert(std::vector<int32_t> tokens, std::shared_ptr<std::vector<uint8_t>> image) {
   const uint64_t h = tokens_hash(tokens.data(), tokens.size());
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (entries_[i].hash == h && entries_[i].tokens == tokens) {
@@ -83,7 +129,7 @@ bool PrefixCache::insert(std::vector<int32_t> tokens,
       break;
     }
   }
-  const size_t cost = entry_cost(tokens.size(), image ? image->size() : 0);
+  const size_t cost = entry_cost(tokens.size(), image ? image->capacity() : 0);
   if (bytes_ + cost > capacity_) return false;
   Entry e;
   e.tokens = std::move(tokens);
