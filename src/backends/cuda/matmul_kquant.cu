@@ -1064,16 +1064,17 @@ __device__ __forceinline__ void mm_load(const uint8_t *blk0, const uint8_t *blk1
   }
 }
 
-// The f32 terms of super-block b for the lane's (output, row) pairs: v[0] (g, rows[0]),
-// v[1] (g, rows[1]), v[2] (g + 8, rows[0]), v[3] (g + 8, rows[1]).
-template <GgmlType T>
-__device__ __forceinline__ void mm_terms(const MmBlock<T> &k, int b, const int8_t *__restrict__ xb,
-                                         const float *__restrict__ d0, const float *__restrict__ d1, int tq,
-                                         float v[4]) {
+// The f32 terms of super-block b for the lane's (output, row) pairs of NB 8-row B tiles:
+// v[4 t + 0] (g, rows[t][0]), v[4 t + 1] (g, rows[t][1]), v[4 t + 2] (g + 8, rows[t][0]),
+// v[4 t + 3] (g + 8, rows[t][1]); tile t's B column is xb[t], its rows' scales d0[t], d1[t].
+// The A fragments are unpacked once for all NB tiles; each tile's sums are those of NB = 1.
+template <GgmlType T, int NB>
+__device__ __forceinline__ void mm_terms(const MmBlock<T> &k, int b, const int8_t *const *xb,
+                                         const float *const *d0, const float *const *d1, int tq, float *v) {
   using L = KQ<T>;
   constexpr int kNSub = 256 / L::kSub;
   constexpr bool kMin = L::kDminOff >= 0;
-  int isum[4] = {0, 0, 0, 0}, msum[4] = {0, 0, 0, 0};
+  int isum[NB][4] = {}, msum[NB][4] = {};
   uint32_t qa[16], qb[16];
   frag_unpack<T>(k.ra, qa);
   frag_unpack<T>(k.rb, qb);
@@ -1107,42 +1108,51 @@ __device__ __forceinline__ void mm_terms(const MmBlock<T> &k, int b, const int8_
       am0 = uint32_t(mn0) * 0x01010101u;
       am1 = uint32_t(mn1) * 0x01010101u;
     }
-    uint32_t a[4], am[4], bf[2];
+    uint32_t a[4], am[4];
     if constexpr (L::kSub == 32) {
       a[0] = qa[2 * j];
       a[1] = qb[2 * j];
       a[2] = qa[2 * j + 1];
       a[3] = qb[2 * j + 1];
-      const int2 xv = *reinterpret_cast<const int2 *>(xb + j * 32 + 8 * tq);
-      bf[0] = uint32_t(xv.x);
-      bf[1] = uint32_t(xv.y);
     } else {
       a[0] = qa[j];
       a[1] = qb[j];
-      bf[0] = *reinterpret_cast<const uint32_t *>(xb + j * 16 + 4 * tq);
     }
-    int c[4];
-    if constexpr (L::kSub == 32) {
-      mma_k32(a, bf, c);
-    } else {
-      mma_k16(a, bf[0], c);
-    }
-    isum[0] += sc0 * c[0];
-    isum[1] += sc0 * c[1];
-    isum[2] += sc1 * c[2];
-    isum[3] += sc1 * c[3];
     if constexpr (kMin) {
       (void)mn0;
       (void)mn1;
       am[0] = am[2] = am0;
       am[1] = am[3] = am1;
-      if constexpr (L::kSub == 32) {
-        mma_k32(am, bf, c);
-      } else {
-        mma_k16(am, bf[0], c);
-      }
+    }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) msum[e] += c[e];
+    for (int t = 0; t < NB; ++t) {
+      uint32_t bf[2];
+      if constexpr (L::kSub == 32) {
+        const int2 xv = *reinterpret_cast<const int2 *>(xb[t] + j * 32 + 8 * tq);
+        bf[0] = uint32_t(xv.x);
+        bf[1] = uint32_t(xv.y);
+      } else {
+        bf[0] = *reinterpret_cast<const uint32_t *>(xb[t] + j * 16 + 4 * tq);
+      }
+      int c[4];
+      if constexpr (L::kSub == 32) {
+        mma_k32(a, bf, c);
+      } else {
+        mma_k16(a, bf[0], c);
+      }
+      isum[t][0] += sc0 * c[0];
+      isum[t][1] += sc0 * c[1];
+      isum[t][2] += sc1 * c[2];
+      isum[t][3] += sc1 * c[3];
+      if constexpr (kMin) {
+        if constexpr (L::kSub == 32) {
+          mma_k32(am, bf, c);
+        } else {
+          mma_k16(am, bf[0], c);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) msum[t][e] += c[e];
+      }
     }
   }
   const float dw0 = dev::fp16_to_fp32(uint16_t(k.da)), dw1 = dev::fp16_to_fp32(uint16_t(k.db));
@@ -1151,17 +1161,20 @@ __device__ __forceinline__ void mm_terms(const MmBlock<T> &k, int b, const int8_
     dm0 = dev::fp16_to_fp32(uint16_t(k.da >> 16));
     dm1 = dev::fp16_to_fp32(uint16_t(k.db >> 16));
   }
-  const float dx0 = d0[b], dx1 = d1[b];
-  v[0] = block_term<T>(dw0, dm0, dx0, isum[0], msum[0]);
-  v[1] = block_term<T>(dw0, dm0, dx1, isum[1], msum[1]);
-  v[2] = block_term<T>(dw1, dm1, dx0, isum[2], msum[2]);
-  v[3] = block_term<T>(dw1, dm1, dx1, isum[3], msum[3]);
+#pragma unroll
+  for (int t = 0; t < NB; ++t) {
+    const float dx0 = d0[t][b], dx1 = d1[t][b];
+    v[4 * t + 0] = block_term<T>(dw0, dm0, dx0, isum[t][0], msum[t][0]);
+    v[4 * t + 1] = block_term<T>(dw0, dm0, dx1, isum[t][1], msum[t][1]);
+    v[4 * t + 2] = block_term<T>(dw1, dm1, dx0, isum[t][2], msum[t][2]);
+    v[4 * t + 3] = block_term<T>(dw1, dm1, dx1, isum[t][3], msum[t][3]);
+  }
 }
 
 // set.first counts tiles of 16 outputs here. Shared memory (P > 1): kMmWarps / P tiles x 16
 // outputs x n_rows x nb floats.
-template <GgmlType T, int P>
-__global__ void __launch_bounds__(kMmWarps * 32, 2)
+template <GgmlType T, int P, int NB>
+__global__ void __launch_bounds__(kMmWarps * 32, NB == 1 ? 2 : 1)
     mvmma_kernel(MvSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd, int n_rows) {
   using L = KQ<T>;
   constexpr int kTiles = kMmWarps / P;
@@ -1185,21 +1198,31 @@ __global__ void __launch_bounds__(kMmWarps * 32, 2)
   }
   dev::pdl_start();
   if (P == 1 && !active) return;  // whole warps (P > 1: every warp reaches the barrier)
-  const int8_t *xrow = xq + size_t(g < n_rows ? g : n_rows - 1) * K;  // B column g
-  const int r0 = 2 * tq < n_rows ? 2 * tq : n_rows - 1, r1 = 2 * tq + 1 < n_rows ? 2 * tq + 1 : n_rows - 1;
-  const float *d0 = xd + size_t(r0) * nb, *d1 = xd + size_t(r1) * nb;
-  float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // B tile t: rows 8 t .. 8 t + 7, row 8 t + g in column g (rows past the end repeat the last).
+  auto clamp_row = [&](int r) { return r < n_rows ? r : n_rows - 1; };
+  const int8_t *xrow[NB];
+  const float *d0[NB], *d1[NB];
+#pragma unroll
+  for (int t = 0; t < NB; ++t) {
+    xrow[t] = xq + size_t(clamp_row(8 * t + g)) * K;
+    d0[t] = xd + size_t(clamp_row(8 * t + 2 * tq)) * nb;
+    d1[t] = xd + size_t(clamp_row(8 * t + 2 * tq + 1)) * nb;
+  }
+  float sum[4 * NB] = {};
   float *terms = mm_terms_smem + size_t(warp / P) * 16 * n_rows * nb;
   auto step = [&](const MmBlock<T> &k, int b) {
-    float v[4];
-    mm_terms<T>(k, b, xrow + size_t(b) * 256, d0, d1, tq, v);
+    float v[4 * NB];
+    const int8_t *xb[NB];
+#pragma unroll
+    for (int t = 0; t < NB; ++t) xb[t] = xrow[t] + size_t(b) * 256;
+    mm_terms<T, NB>(k, b, xb, d0, d1, tq, v);
     if constexpr (P == 1) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sum[e] = __fadd_rn(sum[e], v[e]);
+      for (int e = 0; e < 4 * NB; ++e) sum[e] = __fadd_rn(sum[e], v[e]);
     } else {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = 2 * tq + (e & 1), o = g + 8 * (e / 2);
+      for (int e = 0; e < 4 * NB; ++e) {
+        const int r = 8 * (e / 4) + 2 * tq + (e & 1), o = g + 8 * ((e % 4) / 2);
         if (r < n_rows) terms[(o * n_rows + r) * nb + b] = v[e];
       }
     }
@@ -1225,9 +1248,9 @@ __global__ void __launch_bounds__(kMmWarps * 32, 2)
   }
   if constexpr (P == 1) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = 2 * tq + (e & 1);
-      const int64_t o = n0 + g + 8 * (e / 2);
+    for (int e = 0; e < 4 * NB; ++e) {
+      const int r = 8 * (e / 4) + 2 * tq + (e & 1);
+      const int64_t o = n0 + g + 8 * ((e % 4) / 2);
       if (r < n_rows && o < n_out) set.y[m][size_t(r) * n_out + o] = sum[e];
     }
   } else {
@@ -1540,18 +1563,26 @@ template <GgmlType T>
 void launch_mvmma(const MvSet &set, int64_t K, const int8_t *xq, const float *xd, int n_rows, CudaStream s) {
   const int64_t tiles = set.first[set.n];
   const int nb = int(K / 256);
-  if (tiles <= 0 || n_rows <= 0 || n_rows > 8) return;  // callers never pass these (matmul, matmul_n)
+  if (tiles <= 0 || n_rows <= 0 || n_rows > 16) return;  // callers never pass these (matmul, matmul_n)
   auto go = [&](auto kernel, int p) {
     const int per = kMmWarps / p;
     const size_t smem = p > 1 ? size_t(per) * 16 * n_rows * nb * sizeof(float) : 0;
     launch_smem(kernel, dim3(unsigned((tiles + per - 1) / per)), dim3(kMmWarps * 32), smem, s, set, K, xq, xd,
                 n_rows);
   };
-  switch (mvmma_split(tiles, nb, n_rows)) {
-    case 2: return go(mvmma_kernel<T, 2>, 2);
-    case 4: return go(mvmma_kernel<T, 4>, 4);
-    case 8: return go(mvmma_kernel<T, 8>, 8);
-    default: return go(mvmma_kernel<T, 1>, 1);
+  auto pick = [&](auto nb_tag) {
+    constexpr int NB = decltype(nb_tag)::value;
+    switch (mvmma_split(tiles, nb, n_rows)) {
+      case 2: return go(mvmma_kernel<T, 2, NB>, 2);
+      case 4: return go(mvmma_kernel<T, 4, NB>, 4);
+      case 8: return go(mvmma_kernel<T, 8, NB>, 8);
+      default: return go(mvmma_kernel<T, 1, NB>, 1);
+    }
+  };
+  if (n_rows <= 8) {
+    pick(std::integral_constant<int, 1>{});
+  } else {
+    pick(std::integral_constant<int, 2>{});
   }
 }
 
@@ -1599,8 +1630,10 @@ int kquant_matvec_max_rows() {
   return v;
 }
 
+// Up to 16 (two B tiles per warp from 9 rows; GEIST_CUDA_MVMMA_ROWS=16 turns it on: not yet
+// measured on a GPU, so the default stays 8).
 int kquant_mvmma_max_rows() {
-  static const int v = std::min(env_rows("GEIST_CUDA_MVMMA_ROWS", 8), 8);
+  static const int v = std::min(env_rows("GEIST_CUDA_MVMMA_ROWS", 8), 16);
   return v;
 }
 
