@@ -838,6 +838,34 @@ __device__ __forceinline__ void reg_scale(const uint32_t sw[4], int j, int *sc, 
   }
 }
 
+// One sub-block of one 8-row B tile, for the kernels with the weights as the A operand:
+// the MMA of the quants (a) against the activations (bf), its sums times the sub-block's
+// scales sc0 (output g) and sc1 (output g + 8) into isum, and for the types with mins the
+// MMA of mn_j in every byte (am) against the same bf into msum.
+template <GgmlType T>
+__device__ __forceinline__ void sub_block_mma(const uint32_t a[4], const uint32_t am[4], const uint32_t bf[2], int sc0,
+                                              int sc1, int isum[4], int msum[4]) {
+  int c[4];
+  if constexpr (KQ<T>::kSub == 32) {
+    mma_k32(a, bf, c);
+  } else {
+    mma_k16(a, bf[0], c);
+  }
+  isum[0] += sc0 * c[0];
+  isum[1] += sc0 * c[1];
+  isum[2] += sc1 * c[2];
+  isum[3] += sc1 * c[3];
+  if constexpr (KQ<T>::kDminOff >= 0) {
+    if constexpr (KQ<T>::kSub == 32) {
+      mma_k32(am, bf, c);
+    } else {
+      mma_k16(am, bf[0], c);
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) msum[e] += c[e];
+  }
+}
+
 // What a lane holds of one super-block of its two outputs (g and g + 8).
 struct SkBlock {
   uint32_t qa[16], qb[16], sa[4], sb[4];
@@ -913,25 +941,7 @@ __device__ __forceinline__ void sk_terms(const SkBlock &k, int64_t b, int64_t K,
           bf[0] = *reinterpret_cast<const uint32_t *>(xs + 4 * tq);
         }
       }
-      int c[4];
-      if constexpr (L::kSub == 32) {
-        mma_k32(a, bf, c);
-      } else {
-        mma_k16(a, bf[0], c);
-      }
-      isum[t][0] += sc0 * c[0];
-      isum[t][1] += sc0 * c[1];
-      isum[t][2] += sc1 * c[2];
-      isum[t][3] += sc1 * c[3];
-      if constexpr (kMin) {
-        if constexpr (L::kSub == 32) {
-          mma_k32(am, bf, c);
-        } else {
-          mma_k16(am, bf[0], c);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) msum[t][e] += c[e];
-      }
+      sub_block_mma<T>(a, am, bf, sc0, sc1, isum[t], msum[t]);
     }
   }
 #pragma unroll
@@ -1134,25 +1144,7 @@ __device__ __forceinline__ void mm_terms(const MmBlock<T> &k, int b, const int8_
       } else {
         bf[0] = *reinterpret_cast<const uint32_t *>(xb[t] + j * 16 + 4 * tq);
       }
-      int c[4];
-      if constexpr (L::kSub == 32) {
-        mma_k32(a, bf, c);
-      } else {
-        mma_k16(a, bf[0], c);
-      }
-      isum[t][0] += sc0 * c[0];
-      isum[t][1] += sc0 * c[1];
-      isum[t][2] += sc1 * c[2];
-      isum[t][3] += sc1 * c[3];
-      if constexpr (kMin) {
-        if constexpr (L::kSub == 32) {
-          mma_k32(am, bf, c);
-        } else {
-          mma_k16(am, bf[0], c);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) msum[t][e] += c[e];
-      }
+      sub_block_mma<T>(a, am, bf, sc0, sc1, isum[t], msum[t]);
     }
   }
   const float dw0 = dev::fp16_to_fp32(uint16_t(k.da)), dw1 = dev::fp16_to_fp32(uint16_t(k.db));
