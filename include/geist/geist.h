@@ -298,6 +298,22 @@ GEIST_API geist_status geist_session_decode_step(geist_session *s, geist_token *
  * A device error takes every session back to its pin (or empty), as decode_step does. */
 GEIST_API geist_status geist_decode_batch(geist_session *const *sessions, size_t n, geist_token *out);
 
+/* One forward step for n sessions of one model, each prefilling a chunk or decoding (what
+ * a server's continuous batching runs): where n_tokens[i] > 0, session i appends
+ * tokens[i][0 .. n_tokens[i]) as geist_session_prefill_tokens does; where n_tokens[i] is
+ * 0 it samples a token, appends it, and out[i] is that token, as
+ * geist_session_decode_step does (tokens[i] is not read; tokens may be NULL if every count
+ * is 0). The weights are read once for the step, and every session's new logits are
+ * bit-identical to that prefill or decode step alone. The rows, the sum of
+ * max(n_tokens[i], 1), are at most sessions[0]'s chunk. out[i] of a prefilling session is
+ * not written. The calling thread holds every session for the call.
+ * Checked before anything changes: geist_decode_batch's errors, and for a chunk
+ * GEIST_E_INVALID_ARGUMENT (no tokens, an id outside the vocabulary) or
+ * GEIST_E_CONTEXT_FULL (no room for it). A device error takes every session back to its
+ * pin (or empty). */
+GEIST_API geist_status geist_step_batch(geist_session *const *sessions, const geist_token *const *tokens,
+                                        const size_t *n_tokens, size_t n, geist_token *out);
+
 /* Sample a token from the current logits without appending it (the RNG advances and the
  * token enters the repetition history). GEIST_E_STATE if there are no logits. */
 GEIST_API geist_status geist_session_sample(geist_session *s, geist_token *out);

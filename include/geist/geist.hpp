@@ -199,6 +199,22 @@ class Session {
     out->resize(sessions.size());
     return detail::from(geist_decode_batch(ss.data(), ss.size(), out->data()));
   }
+  // geist_step_batch: chunks[i] empty decodes sessions[i] (its token in (*out)[i]); a
+  // non-empty one is prefilled. One forward step for all of them.
+  static Error step_batch(const std::vector<Session *> &sessions, const std::vector<std::vector<geist_token>> &chunks,
+                          std::vector<geist_token> *out) {
+    std::vector<geist_session *> ss;
+    std::vector<const geist_token *> ts;
+    std::vector<size_t> ns;
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      ss.push_back(sessions[i] ? sessions[i]->s_ : nullptr);
+      const bool has = i < chunks.size() && !chunks[i].empty();
+      ts.push_back(has ? chunks[i].data() : nullptr);
+      ns.push_back(has ? chunks[i].size() : 0);
+    }
+    out->assign(sessions.size(), -1);
+    return detail::from(geist_step_batch(ss.data(), ts.data(), ns.data(), ss.size(), out->data()));
+  }
   Error set_sampling(const geist_sampling_params &p) { return err(geist_session_set_sampling(s_, &p)); }
 
   // nullptr when the session has no logits.

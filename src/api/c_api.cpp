@@ -175,6 +175,40 @@ bool kv_type(int32_t t, geist::KvType *out) {
 
 }  // namespace
 
+namespace {
+// geist_decode_batch and geist_step_batch: hold every session for the call (a repeated one
+// is refused before it would be taken twice), then run(engine sessions).
+template <class Run>
+geist_status batch_call(geist_session *const *sessions, size_t n, Run run) {
+  return guarded(nullptr, [&]() -> geist_status {
+    for (size_t i = 0; i < n; ++i) {
+      if (sessions[i] == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "session " + std::to_string(i) + " is NULL");
+    }
+    std::vector<geist::Session *> ss(n);
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t k = 0; k < i; ++k) {
+        if (sessions[k] == sessions[i]) {
+          return fail(GEIST_E_INVALID_ARGUMENT,
+                      "sessions " + std::to_string(k) + " and " + std::to_string(i) + " are the same");
+        }
+      }
+      ss[i] = sessions[i]->session.get();
+    }
+    std::vector<std::unique_ptr<InUse>> held;
+    held.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      held.push_back(std::make_unique<InUse>(sessions[i]));
+      if (!held.back()->ok()) return InUse::refuse();
+    }
+    const geist::Status st = run(ss.data());
+    if (!st.is_ok()) {
+      for (size_t i = 0; i < n; ++i) (void)report(st, sessions[i]);
+    }
+    return report(st);
+  });
+}
+}  // namespace
+
 extern "C" {
 
 const char *geist_version(void) {
@@ -459,33 +493,16 @@ geist_status geist_decode_batch(geist_session *const *sessions, size_t n, geist_
   if (sessions == nullptr || out == nullptr || n == 0) {
     return fail(GEIST_E_INVALID_ARGUMENT, "geist_decode_batch needs sessions, n >= 1 and out");
   }
-  return guarded(nullptr, [&]() -> geist_status {
-    for (size_t i = 0; i < n; ++i) {
-      if (sessions[i] == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, "session " + std::to_string(i) + " is NULL");
-    }
-    // Hold every session for the call (a repeated one is refused by Session::decode_batch,
-    // so it is checked before it would be taken twice).
-    std::vector<geist::Session *> ss(n);
-    for (size_t i = 0; i < n; ++i) {
-      for (size_t k = 0; k < i; ++k) {
-        if (sessions[k] == sessions[i]) {
-          return fail(GEIST_E_INVALID_ARGUMENT,
-                      "sessions " + std::to_string(k) + " and " + std::to_string(i) + " are the same");
-        }
-      }
-      ss[i] = sessions[i]->session.get();
-    }
-    std::vector<std::unique_ptr<InUse>> held;
-    held.reserve(n);
-    for (size_t i = 0; i < n; ++i) {
-      held.push_back(std::make_unique<InUse>(sessions[i]));
-      if (!held.back()->ok()) return InUse::refuse();
-    }
-    const geist::Status st = geist::Session::decode_batch(ss.data(), n, out);
-    if (!st.is_ok()) {
-      for (size_t i = 0; i < n; ++i) (void)report(st, sessions[i]);
-    }
-    return report(st);
+  return batch_call(sessions, n, [&](geist::Session *const *ss) { return geist::Session::decode_batch(ss, n, out); });
+}
+
+geist_status geist_step_batch(geist_session *const *sessions, const geist_token *const *tokens, const size_t *n_tokens,
+                              size_t n, geist_token *out) {
+  if (sessions == nullptr || n_tokens == nullptr || out == nullptr || n == 0) {
+    return fail(GEIST_E_INVALID_ARGUMENT, "geist_step_batch needs sessions, n_tokens, n >= 1 and out");
+  }
+  return batch_call(sessions, n, [&](geist::Session *const *ss) {
+    return geist::Session::step_batch(ss, tokens, n_tokens, n, out);
   });
 }
 

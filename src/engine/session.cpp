@@ -250,6 +250,16 @@ Status Session::decode_batch(Session *const *sessions, size_t n, int32_t *out) {
   if (sessions == nullptr || out == nullptr || n == 0) {
     return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "decode_batch needs sessions, n >= 1 and out");
   }
+  const std::vector<size_t> none(n, 0);
+  return step_batch(sessions, nullptr, none.data(), n, out);
+}
+
+Status Session::step_batch(Session *const *sessions, const int32_t *const *tokens, const size_t *n_tokens, size_t n,
+                           int32_t *out) {
+  if (sessions == nullptr || out == nullptr || n_tokens == nullptr || n == 0) {
+    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "step_batch needs sessions, n_tokens, n >= 1 and out");
+  }
+  size_t rows = 0;
   for (size_t i = 0; i < n; ++i) {
     const Session *s = sessions[i];
     if (s == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "session %zu is NULL", i);
@@ -259,46 +269,74 @@ Status Session::decode_batch(Session *const *sessions, size_t n, int32_t *out) {
     for (size_t k = 0; k < i; ++k) {
       if (sessions[k] == s) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "sessions %zu and %zu are the same", k, i);
     }
-    if (!s->has_logits_) return GEIST_ERROR(GEIST_E_STATE, "session %zu has no logits to sample from: prefill first", i);
-    if (s->tokens_.size() + 1 > static_cast<size_t>(s->cache_->n_ctx())) {
-      return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "session %zu: the context of %lld tokens is full", i,
-                         (long long)s->cache_->n_ctx());
+    const size_t m = n_tokens[i];
+    if (m > 0) {
+      if (tokens == nullptr || tokens[i] == nullptr) {
+        return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "session %zu: %zu tokens to prefill but no token array", i, m);
+      }
+      if (Status st = s->check_append(tokens[i], m); !st.is_ok()) {
+        return Status(st.code(), "session " + std::to_string(i) + ": " + st.message());
+      }
+    } else {
+      if (!s->has_logits_) return GEIST_ERROR(GEIST_E_STATE, "session %zu has no logits to sample from: prefill first", i);
+      if (s->tokens_.size() + 1 > static_cast<size_t>(s->cache_->n_ctx())) {
+        return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "session %zu: the context of %lld tokens is full", i,
+                           (long long)s->cache_->n_ctx());
+      }
     }
+    rows += m > 0 ? m : 1;
   }
   Session &lead = *sessions[0];
-  if (n > static_cast<size_t>(lead.exec_->max_rows())) {
-    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "%zu sessions in one step; session 0's chunk takes up to %d", n,
+  if (rows > static_cast<size_t>(lead.exec_->max_rows())) {
+    return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "%zu rows in one step; session 0's chunk takes up to %d", rows,
                        lead.exec_->max_rows());
   }
   Timer t;
   const size_t n_vocab = static_cast<size_t>(lead.n_vocab());
   // Everything that may throw comes before the samplers draw.
-  for (size_t i = 0; i < n; ++i) sessions[i]->reserve_tokens(1);
-  std::vector<int32_t> toks(n);
+  for (size_t i = 0; i < n; ++i) sessions[i]->reserve_tokens(n_tokens[i] > 0 ? n_tokens[i] : 1);
+  std::vector<int32_t> toks;
+  toks.reserve(rows);
   std::vector<StepSeq> seqs(n);
   std::unique_ptr<float[]> logits(new float[n * n_vocab]);
   for (size_t i = 0; i < n; ++i) {
     Session &s = *sessions[i];
-    toks[i] = s.sampler_.sample(s.logits_.data(), s.n_vocab());
-    seqs[i] = {s.cache_.get(), 1};
+    const size_t m = n_tokens[i];
+    if (m > 0) {
+      toks.insert(toks.end(), tokens[i], tokens[i] + m);
+    } else {
+      toks.push_back(s.sampler_.sample(s.logits_.data(), s.n_vocab()));
+    }
+    seqs[i] = {s.cache_.get(), int(m > 0 ? m : 1)};
   }
-  models::ArchModel::LogitRows rows;
-  rows.out = logits.get();
-  rows.last_of_each_seq = true;
-  const Status st = lead.model_.arch().forward(toks.data(), seqs.data(), int(n), *lead.exec_, rows);
+  models::ArchModel::LogitRows lr;
+  lr.out = logits.get();
+  lr.last_of_each_seq = true;
+  const Status st = lead.model_.arch().forward(toks.data(), seqs.data(), int(n), *lead.exec_, lr);
   if (!st.is_ok()) {
-    for (size_t i = 0; i < n; ++i) sessions[i]->recover(1);
+    for (size_t i = 0; i < n; ++i) sessions[i]->recover(seqs[i].n_rows);
     return st;
   }
   const double seconds = t.seconds();
+  size_t r = 0;
   for (size_t i = 0; i < n; ++i) {
     Session &s = *sessions[i];
-    s.tokens_.push_back(toks[i]);
+    const size_t m = n_tokens[i];
+    s.tokens_.insert(s.tokens_.end(), toks.begin() + r, toks.begin() + r + (m > 0 ? m : 1));
     std::memcpy(s.logits_.data(), logits.get() + i * n_vocab, n_vocab * sizeof(float));
-    out[i] = toks[i];
-    s.stats_.last_decode_seconds = seconds;  // the step's wall time, which each session waited
-    s.stats_.decode_seconds += seconds;
-    s.stats_.n_decode_tokens += 1;
+    s.has_logits_ = true;
+    if (m > 0) {
+      for (size_t k = 0; k < m; ++k) s.sampler_.accept(toks[r + k]);
+      s.stats_.last_prefill_seconds = seconds;  // the step's wall time, which each session waited
+      s.stats_.prefill_seconds += seconds;
+      s.stats_.n_prefill_tokens += m;
+    } else {
+      out[i] = toks[r];
+      s.stats_.last_decode_seconds = seconds;
+      s.stats_.decode_seconds += seconds;
+      s.stats_.n_decode_tokens += 1;
+    }
+    r += m > 0 ? m : 1;
   }
   return Status::ok();
 }

@@ -88,6 +88,16 @@ class Session {
   // without logits), GEIST_E_CONTEXT_FULL (a session without room). A device error takes
   // every session back to its pin (or empty), as decode_step does.
   static Status decode_batch(Session *const *sessions, size_t n, int32_t *out);
+  // One forward step for n sessions of one model, each either prefilling a chunk or
+  // decoding: where n_tokens[i] > 0 session i appends tokens[i][0 .. n_tokens[i]) as
+  // prefill does; where it is 0 it samples a token, appends it and out[i] is that token, as
+  // decode_step does. The weights are read once for the step; every session's new logits
+  // are bit-identical to that prefill or decode_step alone (batch invariance). The step
+  // runs on sessions[0]'s exec: the rows, sum of max(n_tokens[i], 1), are at most its
+  // chunk. Checked before anything changes, as decode_batch, plus prefill's checks of a
+  // chunk's tokens (ids, context room). out[i] of a prefilling session is left as it was.
+  static Status step_batch(Session *const *sessions, const int32_t *const *tokens, const size_t *n_tokens, size_t n,
+                           int32_t *out);
   // Sample without appending. GEIST_E_STATE without logits.
   Status sample(int32_t *out);
   Status set_sampling(const SamplerParams &p);
