@@ -257,9 +257,7 @@ void Engine::loop() {
       Slot &s = *sp;
       if (s.job && (cancel_running || s.job->cancelled.load())) finish(s, nullptr);
     }
-    int budget = o_.prefill_budget;
-    prefill_some(&budget);
-    decode_all();
+    step();
   }
 }
 
@@ -435,45 +433,105 @@ bool Engine::catch_up(Slot &s) {
   return true;
 }
 
-void Engine::prefill_some(int *budget) {
-  // Oldest job first: finishing one prompt gives a first token sooner than sharing out.
+void Engine::step() {
+  // The decoding slots: one row each.
+  std::vector<Slot *> ds;
+  for (auto &sp : slots_) {
+    Slot &s = *sp;
+    if (s.phase != Slot::Phase::kDecode) continue;
+    if (s.n_gen >= s.job->max_tokens || s.session.n_tokens() >= n_ctx_) {
+      finish(s, "length");
+      continue;
+    }
+    ds.push_back(&s);
+  }
+  // A chunk of each waiting prompt, oldest job first (finishing one prompt gives a first
+  // token sooner than sharing out), within the budget and the step's rows (the session
+  // chunk); a chunk ends at the prompt's next snapshot point.
   std::vector<Slot *> order;
   for (auto &sp : slots_) {
     if (sp->phase == Slot::Phase::kPrefill) order.push_back(sp.get());
   }
-  std::sort(order.begin(), order.end(),
-            [](const Slot *a, const Slot *b) { return a->seq < b->seq; });
+  std::sort(order.begin(), order.end(), [](const Slot *a, const Slot *b) { return a->seq < b->seq; });
+  const size_t max_rows = size_t(std::max(1, o_.session.chunk));
+  size_t rows = ds.size();
+  size_t budget = size_t(std::max(0, o_.prefill_budget));
+  std::vector<Slot *> ps;
+  std::vector<size_t> pn;
   for (Slot *sp : order) {
     Slot &s = *sp;
-    const std::vector<geist_token> &p = s.job->prompt;
-    while (*budget > 0 && s.phase == Slot::Phase::kPrefill) {
-      if (!catch_up(s)) break;
-      if (s.phase != Slot::Phase::kPrefill) break;
-      const size_t end = s.next_snap < s.snaps.size() ? s.snaps[s.next_snap] : p.size();
-      const size_t n = std::min(end - s.n_done, size_t(*budget));
-      const auto t0 = Clock::now();
-      if (api::Error e = s.session.prefill(p.data() + s.n_done, n)) {
-        fail(s, e);
-        break;
-      }
-      {
-        std::lock_guard<std::mutex> lk(mu_);
-        stats_.prefill_seconds += ms_between(t0, Clock::now()) / 1e3;
-        stats_.prefilled_tokens += n;
-      }
-      s.n_done += n;
-      *budget -= int(n);
-      if (s.next_snap < s.snaps.size() && s.n_done == s.snaps[s.next_snap]) {
-        maybe_snapshot(s);
-        ++s.next_snap;
-      }
-      if (s.n_done == p.size()) {
-        s.phase = Slot::Phase::kDecode;
-        s.t_first = Clock::now();
-      }
-    }
-    if (*budget <= 0) break;
+    if (budget == 0 || rows >= max_rows) break;
+    if (!catch_up(s)) continue;
+    if (s.phase != Slot::Phase::kPrefill) continue;  // all of it was cached: decodes next turn
+    const size_t end = s.next_snap < s.snaps.size() ? s.snaps[s.next_snap] : s.job->prompt.size();
+    const size_t n = std::min({end - s.n_done, budget, max_rows - rows});
+    ps.push_back(&s);
+    pn.push_back(n);
+    rows += n;
+    budget -= n;
   }
+  if (ds.empty() && ps.empty()) return;
+  for (Slot *s : ds) {
+    if (s->job->logprobs) {
+      size_t nv = 0;
+      const float *l = s->session.logits(&nv);
+      s->logits_copy.assign(l, l + nv);
+    }
+  }
+  std::vector<geist_token> toks;
+  const auto t0 = Clock::now();
+  api::Error e;
+  if (ps.empty() && ds.size() == 1) {
+    toks.resize(1);
+    e = ds[0]->session.decode_step(&toks[0]);
+  } else if (ds.empty() && ps.size() == 1) {
+    e = ps[0]->session.prefill(ps[0]->job->prompt.data() + ps[0]->n_done, pn[0]);
+  } else {
+    std::vector<api::Session *> sessions;
+    std::vector<std::vector<geist_token>> chunks;
+    for (Slot *s : ds) {
+      sessions.push_back(&s->session);
+      chunks.emplace_back();
+    }
+    for (size_t i = 0; i < ps.size(); ++i) {
+      sessions.push_back(&ps[i]->session);
+      const geist_token *p = ps[i]->job->prompt.data() + ps[i]->n_done;
+      chunks.emplace_back(p, p + pn[i]);
+    }
+    e = api::Session::step_batch(sessions, chunks, &toks);
+  }
+  if (e) {
+    for (Slot *s : ds) fail(*s, e);
+    for (Slot *s : ps) fail(*s, e);
+    return;
+  }
+  {
+    // A mixed step's time is shared out by rows.
+    const double sec = ms_between(t0, Clock::now()) / 1e3;
+    const double prefill_rows = double(rows - ds.size());
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.prefill_seconds += sec * prefill_rows / double(rows);
+    stats_.prefilled_tokens += rows - ds.size();
+    if (!ds.empty()) {
+      stats_.decode_seconds += sec * double(ds.size()) / double(rows);
+      ++stats_.decode_steps;
+      stats_.decode_rows += ds.size();
+      stats_.generated_tokens += ds.size();
+    }
+  }
+  for (size_t i = 0; i < ps.size(); ++i) {
+    Slot &s = *ps[i];
+    s.n_done += pn[i];
+    if (s.next_snap < s.snaps.size() && s.n_done == s.snaps[s.next_snap]) {
+      maybe_snapshot(s);
+      ++s.next_snap;
+    }
+    if (s.n_done == s.job->prompt.size()) {
+      s.phase = Slot::Phase::kDecode;
+      s.t_first = Clock::now();
+    }
+  }
+  for (size_t i = 0; i < ds.size(); ++i) after_token(*ds[i], toks[i]);
 }
 
 void Engine::emit(Slot &s, const std::string &text, const TokenLogprob *lp) {
@@ -485,60 +543,21 @@ void Engine::emit(Slot &s, const std::string &text, const TokenLogprob *lp) {
   j.cv.notify_all();
 }
 
-void Engine::decode_all() {
-  std::vector<Slot *> ds;
-  for (auto &sp : slots_) {
-    Slot &s = *sp;
-    if (s.phase != Slot::Phase::kDecode) continue;
-    if (s.n_gen >= s.job->max_tokens || s.session.n_tokens() >= n_ctx_) {
-      finish(s, "length");
-      continue;
-    }
-    ds.push_back(&s);
+void Engine::after_token(Slot &s, geist_token t) {
+  ++s.n_gen;
+  std::optional<TokenLogprob> lp;
+  if (s.job->logprobs && !model_.is_eog(t)) {
+    lp = logprob_of(s.logits_copy.data(), s.logits_copy.size(), t, s.job->top_logprobs);
   }
-  if (ds.empty()) return;
-  std::vector<api::Session *> sessions;
-  for (Slot *s : ds) {
-    sessions.push_back(&s->session);
-    if (s->job->logprobs) {
-      size_t nv = 0;
-      const float *l = s->session.logits(&nv);
-      s->logits_copy.assign(l, l + nv);
-    }
-  }
-  std::vector<geist_token> toks;
-  const auto t0 = Clock::now();
-  api::Error e = ds.size() == 1 ? (toks.resize(1), ds[0]->session.decode_step(&toks[0]))
-                                : api::Session::decode_batch(sessions, &toks);
-  if (e) {
-    for (Slot *s : ds) fail(*s, e);
+  if (model_.is_eog(t)) {
+    finish(s, "stop");
     return;
   }
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    stats_.decode_seconds += ms_between(t0, Clock::now()) / 1e3;
-    ++stats_.decode_steps;
-    stats_.decode_rows += ds.size();
-    stats_.generated_tokens += ds.size();
-  }
-  for (size_t i = 0; i < ds.size(); ++i) {
-    Slot &s = *ds[i];
-    const geist_token t = toks[i];
-    ++s.n_gen;
-    std::optional<TokenLogprob> lp;
-    if (s.job->logprobs && !model_.is_eog(t)) {
-      lp = logprob_of(s.logits_copy.data(), s.logits_copy.size(), t, s.job->top_logprobs);
-    }
-    if (model_.is_eog(t)) {
-      finish(s, "stop");
-      continue;
-    }
-    emit(s, s.stop->push(s.text.push(t)), lp ? &*lp : nullptr);
-    if (s.stop->stopped()) {
-      finish(s, "stop");
-    } else if (s.n_gen >= s.job->max_tokens || s.session.n_tokens() >= n_ctx_) {
-      finish(s, "length");
-    }
+  emit(s, s.stop->push(s.text.push(t)), lp ? &*lp : nullptr);
+  if (s.stop->stopped()) {
+    finish(s, "stop");
+  } else if (s.n_gen >= s.job->max_tokens || s.session.n_tokens() >= n_ctx_) {
+    finish(s, "length");
   }
 }
 

@@ -1,8 +1,8 @@
 // The generation engine of `geist serve`: N slots (sessions over one model), a bounded
 // queue of jobs, the prefix cache, and one thread that runs every forward pass. Each loop
-// turn prefills up to a token budget (chunks of the waiting prompts) and then advances
-// every decoding slot by one token in a single geist_decode_batch step (continuous
-// batching). HTTP threads submit jobs and read their output; only the engine thread
+// turn runs one geist_step_batch step: every decoding slot advances by one token and, up
+// to a token budget, the waiting prompts advance by a chunk each (continuous batching: the
+// weights are read once for both). HTTP threads submit jobs and read their output; only the engine thread
 // touches sessions and the cache.
 //
 // Prefix reuse is exact: a job starts from the longest of (a) an idle slot whose tokens
@@ -136,9 +136,12 @@ class Engine {
   struct Slot;
   void loop();
   void start_job(Slot &s, std::shared_ptr<Job> job);
-  void prefill_some(int *budget);
+  // One forward step: every decoding slot's next token and, within the prefill budget and
+  // the step's rows, a chunk of each waiting prompt (oldest job first), through
+  // geist_step_batch.
+  void step();
   bool catch_up(Slot &s);  // false if the job failed
-  void decode_all();
+  void after_token(Slot &s, geist_token t);  // a decoded token: stream it, stop, finish
   void finish(Slot &s, const char *reason);
   void fail(Slot &s, const api::Error &e);
   void maybe_snapshot(Slot &s);
