@@ -838,6 +838,16 @@ __device__ __forceinline__ void reg_scale(const uint32_t sw[4], int j, int *sc, 
   }
 }
 
+// Q4_K / Q5_K: the 6-bit scales and mins of the 8 sub-blocks (load_scales' words sw) as
+// bytes of 4 words: ps[0] sc 0-3, ps[1] mn 0-3, ps[2] sc 4-7, ps[3] mn 4-7, unpacked as
+// scale_min_k4 does, 4 at a time.
+__device__ __forceinline__ void scales_mins_k4(const uint32_t sw[4], uint32_t ps[4]) {
+  ps[0] = sw[0] & 0x3F3F3F3Fu;
+  ps[1] = sw[1] & 0x3F3F3F3Fu;
+  ps[2] = (sw[2] & 0x0F0F0F0Fu) | ((sw[0] >> 2) & 0x30303030u);
+  ps[3] = ((sw[2] >> 4) & 0x0F0F0F0Fu) | ((sw[1] >> 2) & 0x30303030u);
+}
+
 // One sub-block of one 8-row B tile, for the kernels with the weights as the A operand:
 // the MMA of the quants (a) against the activations (bf), its sums times the sub-block's
 // scales sc0 (output g) and sc1 (output g + 8) into isum, and for the types with mins the
@@ -1088,18 +1098,10 @@ __device__ __forceinline__ void mm_terms(const MmBlock<T> &k, int b, const int8_
   uint32_t qa[16], qb[16];
   frag_unpack<T>(k.ra, qa);
   frag_unpack<T>(k.rb, qb);
-  // Q4_K / Q5_K: the 6-bit scales and mins of the 8 sub-blocks as bytes of 4 words each
-  // (sub-blocks 0-3, 4-7), unpacked as scale_min_k4 does, 4 at a time.
   uint32_t ps[2][4];
   if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
-#pragma unroll
-    for (int o = 0; o < 2; ++o) {
-      const uint32_t *w = o == 0 ? k.sa : k.sb;
-      ps[o][0] = w[0] & 0x3F3F3F3Fu;                                         // sc 0-3
-      ps[o][1] = w[1] & 0x3F3F3F3Fu;                                         // mn 0-3
-      ps[o][2] = (w[2] & 0x0F0F0F0Fu) | ((w[0] >> 2) & 0x30303030u);        // sc 4-7
-      ps[o][3] = ((w[2] >> 4) & 0x0F0F0F0Fu) | ((w[1] >> 2) & 0x30303030u);  // mn 4-7
-    }
+    scales_mins_k4(k.sa, ps[0]);
+    scales_mins_k4(k.sb, ps[1]);
   }
 #pragma unroll
   for (int j = 0; j < kNSub; ++j) {
@@ -1341,14 +1343,8 @@ __global__ void __launch_bounds__(kWtWarps * 32, 2)
     frag_unpack<T>(k.rb, qb);
     uint32_t ps[2][4] = {};
     if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K) {
-#pragma unroll
-      for (int o = 0; o < 2; ++o) {
-        const uint32_t *sw = o == 0 ? k.sa : k.sb;
-        ps[o][0] = sw[0] & 0x3F3F3F3Fu;                                          // sc 0-3
-        ps[o][1] = sw[1] & 0x3F3F3F3Fu;                                          // mn 0-3
-        ps[o][2] = (sw[2] & 0x0F0F0F0Fu) | ((sw[0] >> 2) & 0x30303030u);        // sc 4-7
-        ps[o][3] = ((sw[2] >> 4) & 0x0F0F0F0Fu) | ((sw[1] >> 2) & 0x30303030u);  // mn 4-7
-      }
+      scales_mins_k4(k.sa, ps[0]);
+      scales_mins_k4(k.sb, ps[1]);
     }
     // msum = 64 * (mn . hi) + (mn . lo), k = sub-block: lane tq holds the mins of sub-blocks
     // 4 tq .. 4 tq + 3 of its outputs (zeros past the last).
