@@ -146,6 +146,26 @@ struct Kernels {
     for (int r = 0; r < R; ++r) S::store(y + r * a.ldy, acc[r], n_valid);
   }
 
+  // A super-block's f32 step for R activation rows, for the types with mins (Q4_K/Q5_K:
+  // NP = 4 pairs of 32-element sums, Q2_K: NP = 8 pairs of 16-element ones): msum = the
+  // packed mins (NP vectors at mins + 64 pp + 32 h) against the rows' sub-block sums xs
+  // (xs_row elements per row, 2 NP per super-block), then acc += d dx isum - dmin dx msum.
+  template <int NP, int R>
+  static void block_step_mins(F (&acc)[R], const I (&isum)[R], const uint8_t *mins_at, int h, F d, F dmin,
+                              const int16_t *xs, int64_t xs_row, const GemmArgs &a, int r0, int64_t s) {
+    I mins[NP];
+    for (int pp = 0; pp < NP; ++pp) mins[pp] = S::load(mins_at + 64 * pp + 32 * h);
+    for (int r = 0; r < R; ++r) {
+      I msum = S::zero();
+      const int16_t *x = xs + (r0 + r) * xs_row + 2 * NP * s;
+      for (int pp = 0; pp < NP; ++pp) msum = S::dpwssd(msum, mins[pp], s16pair(x + 2 * pp));
+      const F dx = S::set1f(a.xd[(r0 + r) * (a.K / 256) + s]);
+      F v = S::mul(S::mul(d, dx), S::cvt(isum[r]));
+      v = S::sub(v, S::mul(S::mul(dmin, dx), S::cvt(msum)));
+      acc[r] = S::add(acc[r], v);
+    }
+  }
+
   // --- Q4_K / Q5_K ---
   template <quant::GgmlType T, int R, bool U>
   static void tile_q45k(const uint8_t *grp, int64_t nsb, const GemmArgs &a, int r0, int h, float *y, int n_valid,
@@ -189,19 +209,8 @@ struct Kernels {
           for (int r = 0; r < R; ++r) isum[r] = S::add(isum[r], S::mullo(p[r], sc));
         }
       }
-      I mins[4];
-      for (int pp = 0; pp < 4; ++pp) mins[pp] = S::load(o + off + 128 + 64 * pp + 32 * h);
-      const F d = S::cvtph(o + off + 384 + 2 * L * h);
-      const F dmin = S::cvtph(o + off + 416 + 2 * L * h);
-      for (int r = 0; r < R; ++r) {
-        I msum = S::zero();
-        const int16_t *xs = a.xs32 + (r0 + r) * (K / 32) + 8 * s;
-        for (int pp = 0; pp < 4; ++pp) msum = S::dpwssd(msum, mins[pp], s16pair(xs + 2 * pp));
-        const F dx = S::set1f(a.xd[(r0 + r) * (K / 256) + s]);
-        F v = S::mul(S::mul(d, dx), S::cvt(isum[r]));
-        v = S::sub(v, S::mul(S::mul(dmin, dx), S::cvt(msum)));
-        acc[r] = S::add(acc[r], v);
-      }
+      block_step_mins<4, R>(acc, isum, o + off + 128, h, S::cvtph(o + off + 384 + 2 * L * h),
+                            S::cvtph(o + off + 416 + 2 * L * h), a.xs32, K / 32, a, r0, s);
     }
     for (int r = 0; r < R; ++r) S::store(y + r * a.ldy, acc[r], n_valid);
   }
@@ -361,18 +370,7 @@ struct Kernels {
           acc[r] = S::add(acc[r], S::mul(S::mul(d, dx), S::cvt(isum[r])));
         }
       } else {
-        I mins[8];
-        for (int pp = 0; pp < 8; ++pp) mins[pp] = S::load(o + 1280 + 64 * pp + 32 * h);
-        const F dmin = S::cvtph(o + 1824 + 2 * L * h);
-        for (int r = 0; r < R; ++r) {
-          I msum = S::zero();
-          const int16_t *xs = a.xs16 + (r0 + r) * (K / 16) + 16 * s;
-          for (int pp = 0; pp < 8; ++pp) msum = S::dpwssd(msum, mins[pp], s16pair(xs + 2 * pp));
-          const F dx = S::set1f(a.xd[(r0 + r) * (K / 256) + s]);
-          F vv = S::mul(S::mul(d, dx), S::cvt(isum[r]));
-          vv = S::sub(vv, S::mul(S::mul(dmin, dx), S::cvt(msum)));
-          acc[r] = S::add(acc[r], vv);
-        }
+        block_step_mins<8, R>(acc, isum, o + 1280, h, d, S::cvtph(o + 1824 + 2 * L * h), a.xs16, K / 16, a, r0, s);
       }
     }
     for (int r = 0; r < R; ++r) S::store(y + r * a.ldy, acc[r], n_valid);
