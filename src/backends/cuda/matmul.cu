@@ -435,6 +435,11 @@ __global__ void __launch_bounds__(kMvOut * 16)
   __shared__ __align__(16) float xs[R * kMvTk];
   const int tid = threadIdx.x, o = tid / 16, l = tid % 16;
   const int64_t n0 = int64_t(blockIdx.x) * kMvOut;
+  // More than R rows: blockIdx.y takes rows [R y, R y + R), each (row, output) pair computed
+  // as in a call of those rows alone.
+  x += size_t(blockIdx.y) * R * K;
+  y += size_t(blockIdx.y) * R * n_out;
+  n_rows -= int(blockIdx.y) * R;
   dev::prefetch_lines(w + size_t(n0) * row_bytes, size_t(n_out - n0 < kMvOut ? n_out - n0 : kMvOut) * row_bytes, tid,
                       kMvOut * 16, pf);
   dev::pdl_start();
@@ -497,7 +502,7 @@ __global__ void __launch_bounds__(kMvOut * 16)
 
 template <GgmlType T>
 void launch_matvec_f32(const DevMatrix &w, const float *x, float *y, int n_rows, CudaStream s) {
-  const dim3 grid(unsigned((w.n_out + kMvOut - 1) / kMvOut));
+  const dim3 grid(unsigned((w.n_out + kMvOut - 1) / kMvOut), unsigned((n_rows + 7) / 8));
   const dim3 block(kMvOut * 16);
   if (n_rows == 1) {
     launch(matvec_f32_kernel<T, 1>, grid, block, s, w.data, w.row_bytes, w.n_in, w.n_out, x, y, n_rows,
@@ -592,6 +597,28 @@ size_t matmul_scratch_bytes(const DevMatrix &w, int max_rows) {
   return align_up(rows * size_t(w.n_in), 256) + rows * nd * sizeof(float);
 }
 
+namespace {
+// The F32-mode kernel for n_rows: the matrix-vector kernel (8 rows per block, blockIdx.y over
+// groups of 8) up to 8 rows, and up to 128 where the tile kernel's 32 x 32 tiles would not
+// give every SM one (Gemma 4's per-layer input gate, 2560 x 256: 8 tiles from 9 to 32 rows,
+// each a serial walk over K = 2560). GEIST_CUDA_F32_MATVEC_ROWS=N instead takes the
+// matrix-vector kernel for every call of at most max(N, 8) rows (8: the tile kernel from 9
+// rows). The same bits either way (dot_f32's chains and tree).
+bool f32_matvec(const DevMatrix &w, int n_rows) {
+  static const int knob = [] {
+    const char *e = std::getenv("GEIST_CUDA_F32_MATVEC_ROWS");
+    if (e == nullptr || *e == '\0') return -1;
+    char *end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    return (*end == '\0' && v >= 0 && v <= (1 << 20)) ? int(v) : -1;
+  }();
+  if (n_rows <= 8) return true;
+  if (knob >= 0) return n_rows <= knob;
+  const int64_t tiles = (w.n_out + kFtN - 1) / kFtN * ((n_rows + kFtM - 1) / kFtM);
+  return n_rows <= 128 && tiles < device_sm_count();
+}
+}  // namespace
+
 Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode mode, void *scratch,
               CudaStream s) {
   GEIST_RETURN_IF_ERROR(check_matrix(w, "cuda::matmul"));
@@ -609,7 +636,7 @@ Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode 
   if (mode == ActMode::F32 || tg.act_block == 0) {
     dispatch_all(w.type, [&](auto tag) {
       constexpr GgmlType T = decltype(tag)::value;
-      if (n_rows <= 8 && !reference_kernels()) {
+      if (f32_matvec(w, n_rows) && !reference_kernels()) {
         launch_matvec_f32<T>(w, x, y, n_rows, s);
       } else if (!reference_kernels()) {
         const dim3 g(unsigned((w.n_out + kFtN - 1) / kFtN), unsigned((n_rows + kFtM - 1) / kFtM));
