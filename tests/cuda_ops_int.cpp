@@ -236,7 +236,7 @@ inline ::testing::AssertionResult bits_equal(const float *got, const float *want
   return ::testing::AssertionSuccess();
 }
 
-const int kRowCounts[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129, 130};
+const int kRowCounts[] = {1, 2, 3, 7, 8, 9, 15, 16, 17, 24, 25, 31, 32, 33, 63, 64, 65, 127, 128, 129, 130};
 constexpr int kMaxRows = 130;
 
 const GgmlType kAllTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
