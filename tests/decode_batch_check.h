@@ -136,14 +136,16 @@ inline void expect_mixed_step_equals_alone(const Model &m, const std::string &wh
       toks.insert(toks.end(), t, t + n);
       seqs.push_back({joint[size_t(i)].get(), n});
     }
+    // Each sequence's row to its own buffer (here in reverse order in one array).
+    std::vector<float *> dst(kSeqs);
+    for (int i = 0; i < kSeqs; ++i) dst[size_t(i)] = got.data() + size_t(kSeqs - 1 - i) * nv;
     models::ArchModel::LogitRows out;
-    out.out = got.data();
-    out.last_of_each_seq = true;
+    out.seq_out = dst.data();
     const Status st = arch.forward(toks.data(), seqs.data(), kSeqs, **ex, out);
     ASSERT_TRUE(st.is_ok()) << st.to_string();
     for (int i = 0; i < kSeqs; ++i) {
       EXPECT_EQ(joint[size_t(i)]->n_past, solo[size_t(i)]->n_past);
-      EXPECT_EQ(0, std::memcmp(want.data() + size_t(i) * nv, got.data() + size_t(i) * nv, nv * sizeof(float)))
+      EXPECT_EQ(0, std::memcmp(want.data() + size_t(i) * nv, dst[size_t(i)], nv * sizeof(float)))
           << what << " phase " << phase << " sequence " << i;
     }
   }

@@ -80,6 +80,15 @@ class Exec {
   // An output of the step: [n_rows][width] written by ops, on the host at `host` after
   // end_step.
   virtual Act output(float *host, int64_t width, int n_rows) = 0;
+  // The same with row r of the output going to hosts[r] (width floats each).
+  virtual Act output_rows(float *const *hosts, int64_t width, int n_rows) = 0;
+  // Host memory for outputs of n floats, zeroed, that this exec downloads into fastest
+  // (page-locked on CUDA: a 1 MiB logits row comes back in 27 us instead of 130 on the
+  // H200); plain heap memory where that is all there is, or when page-locking fails.
+  using HostFloats = std::unique_ptr<float[], void (*)(float *)>;
+  virtual HostFloats host_floats(size_t n) {
+    return HostFloats(new float[n](), [](float *p) { delete[] p; });
+  }
   // Wait for the step's ops; outputs are on the host after it. A device error is reported
   // here (naming the device and the error); the session is then left as before the call.
   virtual Status end_step() = 0;

@@ -10,9 +10,12 @@
 namespace geist {
 
 Session::Session(const Model &m, const SessionParams &p, std::unique_ptr<KvStore> c, std::unique_ptr<Exec> e)
-    : model_(m), params_(p), cache_(std::move(c)), exec_(std::move(e)), sampler_(p.sampling) {
-  logits_.resize(static_cast<size_t>(m.info().n_vocab));
-}
+    : model_(m),
+      params_(p),
+      cache_(std::move(c)),
+      exec_(std::move(e)),
+      sampler_(p.sampling),
+      logits_(exec_->host_floats(static_cast<size_t>(m.info().n_vocab))) {}
 
 Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionParams &p) {
   SessionParams q = p;
@@ -116,7 +119,7 @@ Status Session::run_chunks(const int32_t *tokens, size_t n, size_t first, float 
       }
     } else if (last) {
       first_row = rows - 1;
-      dst = logits_.data();
+      dst = logits_.get();
     }
     Status st = model_.arch().forward(tokens + done, rows, *cache_, *exec_, first_row, dst);
     if (!st.is_ok()) {
@@ -126,7 +129,7 @@ Status Session::run_chunks(const int32_t *tokens, size_t n, size_t first, float 
     tokens_.insert(tokens_.end(), tokens + done, tokens + done + rows);
     done += rows;
   }
-  if (out) std::memcpy(logits_.data(), out + (n - 1 - first) * nv, nv * sizeof(float));
+  if (out) std::memcpy(logits_.get(), out + (n - 1 - first) * nv, nv * sizeof(float));
   for (size_t i = 0; i < n; ++i) sampler_.accept(tokens[i]);
   has_logits_ = true;
   return Status::ok();
@@ -167,7 +170,7 @@ Status Session::prefill_with_logits(const int32_t *tokens, size_t n, size_t firs
 std::unique_ptr<Session::Pin> Session::make_pin() const {
   auto pin = std::make_unique<Pin>();
   pin->n = tokens_.size();
-  pin->logits = logits_;
+  pin->logits.assign(logits_.get(), logits_.get() + n_vocab());
   pin->sampler = sampler_.state();
   cache_->save_checkpoint(int64_t(pin->n));
   return pin;
@@ -209,7 +212,7 @@ void Session::reset() {
     }
     cache_->n_past = p;
     tokens_.resize(pin_->n);
-    std::memcpy(logits_.data(), pin_->logits.data(), logits_.size() * sizeof(float));
+    std::memcpy(logits_.get(), pin_->logits.data(), pin_->logits.size() * sizeof(float));
     has_logits_ = true;
     sampler_.set_state(pin_->sampler);
   }
@@ -220,7 +223,7 @@ void Session::reset() {
 Status Session::sample(int32_t *out) {
   if (out == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "out is NULL");
   if (!has_logits_) return GEIST_ERROR(GEIST_E_STATE, "no logits to sample from: prefill first");
-  *out = sampler_.sample(logits_.data(), n_vocab());
+  *out = sampler_.sample(logits_.get(), n_vocab());
   return Status::ok();
 }
 
@@ -232,8 +235,8 @@ Status Session::decode_step(int32_t *out) {
   }
   Timer t;
   reserve_tokens(1);  // may throw: before the sampler draws
-  const int32_t tok = sampler_.sample(logits_.data(), n_vocab());  // records tok in the history
-  Status st = model_.arch().forward(&tok, 1, *cache_, *exec_, 0, logits_.data());
+  const int32_t tok = sampler_.sample(logits_.get(), n_vocab());  // records tok in the history
+  Status st = model_.arch().forward(&tok, 1, *cache_, *exec_, 0, logits_.get());
   if (!st.is_ok()) {
     recover(1);
     return st;
@@ -292,26 +295,25 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
                        lead.exec_->max_rows());
   }
   Timer t;
-  const size_t n_vocab = static_cast<size_t>(lead.n_vocab());
   // Everything that may throw comes before the samplers draw.
   for (size_t i = 0; i < n; ++i) sessions[i]->reserve_tokens(n_tokens[i] > 0 ? n_tokens[i] : 1);
   std::vector<int32_t> toks;
   toks.reserve(rows);
   std::vector<StepSeq> seqs(n);
-  std::unique_ptr<float[]> logits(new float[n * n_vocab]);
+  std::vector<float *> logits(n);
   for (size_t i = 0; i < n; ++i) {
     Session &s = *sessions[i];
     const size_t m = n_tokens[i];
     if (m > 0) {
       toks.insert(toks.end(), tokens[i], tokens[i] + m);
     } else {
-      toks.push_back(s.sampler_.sample(s.logits_.data(), s.n_vocab()));
+      toks.push_back(s.sampler_.sample(s.logits_.get(), s.n_vocab()));
     }
     seqs[i] = {s.cache_.get(), int(m > 0 ? m : 1)};
+    logits[i] = s.logits_.get();  // read by the sampler above; the step writes the next ones there
   }
   models::ArchModel::LogitRows lr;
-  lr.out = logits.get();
-  lr.last_of_each_seq = true;
+  lr.seq_out = logits.data();
   const Status st = lead.model_.arch().forward(toks.data(), seqs.data(), int(n), *lead.exec_, lr);
   if (!st.is_ok()) {
     for (size_t i = 0; i < n; ++i) sessions[i]->recover(seqs[i].n_rows);
@@ -323,7 +325,6 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
     Session &s = *sessions[i];
     const size_t m = n_tokens[i];
     s.tokens_.insert(s.tokens_.end(), toks.begin() + r, toks.begin() + r + (m > 0 ? m : 1));
-    std::memcpy(s.logits_.data(), logits.get() + i * n_vocab, n_vocab * sizeof(float));
     s.has_logits_ = true;
     if (m > 0) {
       for (size_t k = 0; k < m; ++k) s.sampler_.accept(toks[r + k]);

@@ -111,7 +111,7 @@ class Session {
   Status save_file(const std::string &path) const;
   Status load_file(const std::string &path);
 
-  const float *logits() const { return has_logits_ ? logits_.data() : nullptr; }
+  const float *logits() const { return has_logits_ ? logits_.get() : nullptr; }
   int64_t n_vocab() const { return model_.info().n_vocab; }
   size_t n_tokens() const { return tokens_.size(); }
   size_t n_pinned() const { return pin_ ? pin_->n : 0; }
@@ -152,7 +152,7 @@ class Session {
   std::unique_ptr<Exec> exec_;
   Sampler sampler_;
   std::vector<int32_t> tokens_;
-  std::vector<float> logits_;  // [n_vocab]
+  Exec::HostFloats logits_;  // [n_vocab], from exec_->host_floats (page-locked on CUDA)
   bool has_logits_ = false;
   std::unique_ptr<Pin> pin_;
   mutable SessionStats stats_;  // snapshot() (const) counts too

@@ -158,7 +158,7 @@ Status Session::snapshot(void *buf, size_t cap, size_t *written) const {
     w.put<uint32_t>(uint32_t(n - cache_->first_live(l, n)));
   }
   w.bytes(tokens_.data(), sizeof(int32_t) * tokens_.size());
-  if (has_logits_) w.bytes(logits_.data(), sizeof(float) * nv);
+  if (has_logits_) w.bytes(logits_.get(), sizeof(float) * nv);
   auto put_sampler = [&](const Sampler::State &st) {
     for (uint64_t r : st.rng) w.put<uint64_t>(r);
     w.put<uint64_t>(st.history.size());
@@ -328,7 +328,7 @@ Status Session::restore(const void *buf, size_t size) {
   if (new_tokens.capacity() > 0) tokens_.swap(new_tokens);
   tokens_.resize(n);
   if (n) std::memcpy(tokens_.data(), tok, n * 4);
-  if (has_logits) std::memcpy(logits_.data(), logits, nv * 4);
+  if (has_logits) std::memcpy(logits_.get(), logits, nv * 4);
   has_logits_ = has_logits;
   if (new_pin) pin_ = std::move(new_pin);
   if (n_pin == 0) pin_.reset();

@@ -52,9 +52,10 @@ class ArchModel {
   // (checked: GEIST_E_INVALID_ARGUMENT / GEIST_E_CONTEXT_FULL). On any error (a device error
   // too) no store's n_past changes.
   struct LogitRows {
-    float *out = nullptr;           // nullptr: no logits
-    int first_row = 0;              // rows [first_row, n_rows) of the step: [n][n_vocab] ...
-    bool last_of_each_seq = false;  // ... or the last row of every sequence: [n_seqs][n_vocab]
+    float *out = nullptr;             // rows [first_row, n_rows) of the step: [n][n_vocab] ...
+    int first_row = 0;
+    float *const *seq_out = nullptr;  // ... or the last row of sequence i to seq_out[i] [n_vocab]
+                                      // (each sequence's own buffer; no copy on the host)
   };
   virtual Status forward(const int32_t *tokens, const StepSeq *seqs, int n_seqs, Exec &ex,
                          const LogitRows &out) const = 0;

@@ -183,7 +183,7 @@ Status check_forward_args(const int32_t *tokens, const StepSeq *seqs, int n_seqs
                          (long long)n_vocab);
     }
   }
-  if (out.out != nullptr && !out.last_of_each_seq && (out.first_row < 0 || out.first_row >= n)) {
+  if (out.out != nullptr && out.seq_out == nullptr && (out.first_row < 0 || out.first_row >= n)) {
     return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "logits from row %d of a step of %d", out.first_row, n);
   }
   *n_rows = n;
@@ -209,13 +209,14 @@ void gelu_ffn_residual(Exec &ex, Act h, int n, const WeightView &norm, const Wei
 
 void step_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act h, int n_rows, const StepSeq *seqs,
                  int n_seqs, float eps, float softcap, const ArchModel::LogitRows &out, Act x, Act g) {
-  if (out.out == nullptr) return;
-  if (!out.last_of_each_seq) {
-    output_logits(ex, w_out, norm, h.rows_from(out.first_row), n_rows - out.first_row, eps, softcap, x, out.out);
+  if (out.seq_out == nullptr) {
+    if (out.out != nullptr) {
+      output_logits(ex, w_out, norm, h.rows_from(out.first_row), n_rows - out.first_row, eps, softcap, x, out.out);
+    }
     return;
   }
   if (n_rows == n_seqs) {  // one row each: the last rows are all rows
-    output_logits(ex, w_out, norm, h, n_rows, eps, softcap, x, out.out);
+    output_logits(ex, w_out, norm, h, n_rows, eps, softcap, x, nullptr, out.seq_out);
     return;
   }
   int last = -1;
@@ -223,13 +224,13 @@ void step_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act 
     last += seqs[i].n_rows;
     ex.copy_cols(h.rows_from(last), 0, g.rows_from(i), 1);
   }
-  output_logits(ex, w_out, norm, g, n_seqs, eps, softcap, x, out.out);
+  output_logits(ex, w_out, norm, g, n_seqs, eps, softcap, x, nullptr, out.seq_out);
 }
 
 void output_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act h, int n, float eps, float softcap,
-                   Act x, float *logits) {
+                   Act x, float *logits, float *const *row_out) {
   ex.rmsnorm(h, &norm, n, h.width, eps, x);
-  const Act y = ex.output(logits, w_out.n_out, n);
+  const Act y = row_out != nullptr ? ex.output_rows(row_out, w_out.n_out, n) : ex.output(logits, w_out.n_out, n);
   ex.matmul(w_out, x, y, n);
   if (softcap > 0) ex.softcap(y, softcap, int64_t(n) * w_out.n_out);
 }

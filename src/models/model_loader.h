@@ -77,7 +77,8 @@ void gelu_ffn_residual(Exec &ex, Act h, int n, const WeightView &norm, const Wei
 // scratch of h's width.
 void step_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act h, int n_rows, const StepSeq *seqs,
                  int n_seqs, float eps, float softcap, const ArchModel::LogitRows &out, Act x, Act g);
+// Row r goes to logits + r n_vocab, or to row_out[r] when row_out is not null.
 void output_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act h, int n, float eps, float softcap,
-                   Act x, float *logits);
+                   Act x, float *logits, float *const *row_out = nullptr);
 
 }  // namespace geist::models

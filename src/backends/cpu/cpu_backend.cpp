@@ -176,6 +176,7 @@ class CpuExec final : public Exec {
 
   int max_rows() const override { return max_rows_; }
   void begin_step(const int32_t *tokens, int n_rows, const StepSeq *seqs, int n_seqs) override {
+    row_hosts_.clear();
     tokens_ = tokens;
     n_rows_ = n_rows;
     seqs_.clear();
@@ -191,7 +192,20 @@ class CpuExec final : public Exec {
     return cs;
   }
   Act output(float *host, int64_t width, int) override { return {host, width}; }
-  Status end_step() override { return Status::ok(); }
+  // Rows to separate buffers: computed into a scratch of the step's rows, copied at end_step.
+  Act output_rows(float *const *hosts, int64_t width, int n_rows) override {
+    rows_out_.resize(size_t(n_rows) * size_t(width));
+    row_hosts_.assign(hosts, hosts + n_rows);
+    row_width_ = width;
+    return {rows_out_.data(), width};
+  }
+  Status end_step() override {
+    for (size_t r = 0; r < row_hosts_.size(); ++r) {
+      std::memcpy(row_hosts_[r], rows_out_.data() + r * size_t(row_width_), size_t(row_width_) * sizeof(float));
+    }
+    row_hosts_.clear();
+    return Status::ok();
+  }
 
   void embed(const WeightView &table, float scale, Act out) override {
     const OpProfile::Scope ps = scope("embedding");
@@ -305,6 +319,9 @@ class CpuExec final : public Exec {
   std::unique_ptr<OpProfile> profile_;  // GEIST_PROFILE=1
   int max_rows_;
   std::vector<std::vector<float>> bufs_;
+  std::vector<float> rows_out_;      // output_rows: the step's rows, copied out at end_step
+  std::vector<float *> row_hosts_;
+  int64_t row_width_ = 0;
   // The step's sequences: rows [row0, row0 + n) at positions pos0.. of kv.
   struct Seq {
     CpuKvStore *kv;

@@ -285,6 +285,24 @@ class CudaExec final : public Exec {
     return y;
   }
 
+  Act output_rows(float *const *hosts, int64_t width, int n_rows) override {
+    const Act y = buffer(kOutputSlot, width);
+    for (int r = 0; r < n_rows; ++r) {
+      outputs_.push_back({hosts[r], y.p == nullptr ? nullptr : y.p + size_t(r) * size_t(width),
+                          size_t(width) * sizeof(float)});
+    }
+    return y;
+  }
+
+  // Page-locked, so end_step's downloads run at the link's speed (H200: 1 MiB 27 us, against
+  // 130 us into pageable memory, which the driver stages through its own buffer).
+  HostFloats host_floats(size_t n) override {
+    Result<void *> p = cuda::host_alloc_pinned(n * sizeof(float));
+    if (!p) return Exec::host_floats(n);
+    std::memset(*p, 0, n * sizeof(float));
+    return HostFloats(static_cast<float *>(*p), [](float *q) { cuda::host_free_pinned(q); });
+  }
+
   Status end_step() override {
     if (error_.is_ok()) execute();
     ops_.clear();
