@@ -344,7 +344,7 @@ CUDA_TEST(CudaOps, MatmulEveryTypeBitExact) {
 
 // The K-quant matrix-vector kernels with several warps per output (matrices with few
 // outputs; long rows: 13, 14, 40 and 130 super-blocks, the last past the dp4a kernel's split
-// limit of 128 and past the tensor-core kernel's shared memory) and 1-8 rows, as a single
+// limit of 128 and past the tensor-core kernel's shared memory) and 1-32 rows, as a single
 // matrix and as a set of three: bit-exact against the CPU oracle. ctest runs it again with
 // GEIST_CUDA_MVMMA_ROWS=0 (the dp4a kernel) and GEIST_CUDA_MVMMA_P=1/2/4/8 (the tensor-core
 // kernel, one row included, with that many warps per 16 outputs).
@@ -358,13 +358,15 @@ CUDA_TEST(CudaOps, MatvecSplitBitExact) {
     for (int64_t k : {int64_t(256) * 13, int64_t(256) * 14, int64_t(256) * 40, int64_t(256) * 130}) {
       SCOPED_TRACE(std::string(quant::type_name(t)) + " K=" + std::to_string(k));
       const std::vector<uint8_t> w = random_matrix(t, k, kN, rng);
-      const std::vector<float> x = random_acts(8, k, rng);
-      std::vector<float> want(size_t(8) * kN);
-      cpu::matmul_generic(view_of(w, t, k, kN), x.data(), want.data(), 8, pool);
+      const std::vector<float> x = random_acts(32, k, rng);
+      std::vector<float> want(size_t(32) * kN);
+      cpu::matmul_generic(view_of(w, t, k, kN), x.data(), want.data(), 32, pool);
       DevBuf dw(w), dx(x), dy(want.size() * 4), dy2(want.size() * 4), dy3(want.size() * 4);
       const cu::DevMatrix m = dev_matrix(dw, t, k, kN);
-      DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m, 8)));
-      for (int n : {1, 2, 3, 5, 8}) {
+      DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m, 32)));
+      // 9-32 rows: mvmma's two to four B tiles (GEIST_CUDA_MVMMA_ROWS=32), whose terms for
+      // K = 40 super-blocks need more than 48 KiB of shared memory from 17 rows.
+      for (int n : {1, 2, 3, 5, 8, 12, 17, 25, 32}) {
         CU_OK(cu::memset_async(dy.as(), 0xFF, want.size() * 4, cuda_env().s));
         CU_OK(cu::matmul(m, dx.as<float>(), dy.as<float>(), n, cu::ActMode::Q8, scratch.as(), cuda_env().s));
         std::vector<float> got = dy.get<float>(size_t(n) * kN);

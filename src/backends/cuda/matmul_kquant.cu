@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 #include "backends/cuda/common.cuh"
@@ -1536,15 +1537,45 @@ int mvmma_forced_split() {
 // warps per SM, each keeping at least 2 super-blocks, of those whose terms fit 48 KiB of
 // shared memory (measured on the H200: E4B gate+up, 1280 tiles, is fastest at 1; the down
 // projection, 160 tiles, at 8).
-int mvmma_split(int64_t tiles, int nb, int n_rows) {
+int mvmma_split(int64_t tiles, int nb, int n_rows, size_t smem_limit) {
   const int forced = mvmma_forced_split();
-  auto fits = [&](int p) { return size_t(kMmWarps / p) * 16 * n_rows * nb * 4 <= 48 * 1024; };
+  auto fits = [&](int p) { return size_t(kMmWarps / p) * 16 * n_rows * nb * 4 <= smem_limit; };
   if (forced != 0) return fits(forced) ? forced : 1;
   int best = 1;
   for (int p = 2; p <= 8 && tiles * best < int64_t(8) * device_sm_count() && 2 * p <= nb; p *= 2) {
     if (fits(p)) best = p;
   }
   return best;
+}
+
+// More than 48 KiB of dynamic shared memory for mvmma_kernel<T, P, NB> on this device (set
+// once per device, as attention_mq_kernel does); false where the device has no more.
+size_t mvmma_optin_smem() {
+  static const size_t v = [] {
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+      return size_t(48 * 1024);
+    }
+    return std::max(size_t(optin), size_t(48 * 1024));
+  }();
+  return v;
+}
+
+template <GgmlType T, int P, int NB>
+bool mvmma_allow_smem() {
+  static std::atomic<uint64_t> done{0};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  const uint64_t bit = uint64_t(1) << dev;
+  if ((done.load(std::memory_order_relaxed) & bit) != 0) return true;
+  if (cudaFuncSetAttribute(mvmma_kernel<T, P, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           int(mvmma_optin_smem())) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  done.fetch_or(bit, std::memory_order_relaxed);
+  return true;
 }
 
 template <GgmlType T>
@@ -1558,14 +1589,27 @@ void launch_mvmma(const MvSet &set, int64_t K, const int8_t *xq, const float *xd
     launch_smem(kernel, dim3(unsigned((tiles + per - 1) / per)), dim3(kMmWarps * 32), smem, s, set, K, xq, xd,
                 n_rows);
   };
+  // Up to 16 rows the terms of P > 1 warps stay within 48 KiB (as measured); from 17 rows
+  // (three and four B tiles) the down projection's 40 super-blocks need up to 80 KiB for
+  // P = 8, so those take the device's opt-in limit (without it they fell back to P = 1: one
+  // warp per 16 outputs walking all of K, E4B 20 rows 11.2 -> 11.9 ms per call).
+  const size_t limit = n_rows > 16 ? mvmma_optin_smem() : size_t(48 * 1024);
   auto pick = [&](auto nb_tag) {
     constexpr int NB = decltype(nb_tag)::value;
-    switch (mvmma_split(tiles, nb, n_rows)) {
-      case 2: return go(mvmma_kernel<T, 2, NB>, 2);
-      case 4: return go(mvmma_kernel<T, 4, NB>, 4);
-      case 8: return go(mvmma_kernel<T, 8, NB>, 8);
-      default: return go(mvmma_kernel<T, 1, NB>, 1);
+    auto big = [&](int p) { return size_t(kMmWarps / p) * 16 * n_rows * nb * 4 > size_t(48 * 1024); };
+    switch (mvmma_split(tiles, nb, n_rows, limit)) {
+      case 2:
+        if (!big(2) || mvmma_allow_smem<T, 2, NB>()) return go(mvmma_kernel<T, 2, NB>, 2);
+        break;
+      case 4:
+        if (!big(4) || mvmma_allow_smem<T, 4, NB>()) return go(mvmma_kernel<T, 4, NB>, 4);
+        break;
+      case 8:
+        if (!big(8) || mvmma_allow_smem<T, 8, NB>()) return go(mvmma_kernel<T, 8, NB>, 8);
+        break;
+      default: break;
     }
+    return go(mvmma_kernel<T, 1, NB>, 1);
   };
   if (n_rows <= 8) {
     pick(std::integral_constant<int, 1>{});
