@@ -159,8 +159,21 @@ void put_crumbs(const Chunk *rows[16], uint8_t *dst) {
       }
 }
 
+// The fifth bits as 64 bytes of planes: byte 4i + e, bit j = bit 4 of element 4j + e of row
+// i, so the lanes line up with the nibble vectors' and k-group j's bits come out with one
+// shift and mask (qgemm_impl.h: nibbles).
+void put_planes(const Chunk *rows[16], uint8_t *dst) {
+  for (int i = 0; i < 16; ++i) {
+    for (int e = 0; e < 4; ++e) {
+      uint8_t b = 0;
+      for (int j = 0; j < 8; ++j) b |= static_cast<uint8_t>(((rows[i]->q[4 * j + e] >> 4) & 1) << j);
+      dst[4 * i + e] = b;
+    }
+  }
+}
+
 // 8 u64 masks (64 B): mask j, bit 4i + e = bit `bit` of element 4j + e.
-void put_masks(const Chunk *rows[16], uint8_t *dst, int bit = 4) {
+void put_masks(const Chunk *rows[16], uint8_t *dst, int bit) {
   for (int j = 0; j < 8; ++j) {
     uint64_t m = 0;
     for (int i = 0; i < 16; ++i) {
@@ -233,7 +246,7 @@ void pack_group(GgmlType t, const uint8_t *rows, size_t row_bytes, int n_rows, i
           for (int i = 0; i < 16; ++i) std::memcpy(q + 64 * j + 4 * i, rp[i]->q + 4 * j, 4);
       } else {
         put_nibbles(rp, q);
-        if (t == GgmlType::Q5_0) put_masks(rp, q + 256);
+        if (t == GgmlType::Q5_0) put_planes(rp, q + 256);
       }
     }
     return;
@@ -300,7 +313,7 @@ void pack_group(GgmlType t, const uint8_t *rows, size_t row_bytes, int n_rows, i
     if (t == GgmlType::Q5_K) {
       for (int c = 0; c < 8; ++c) {
         for (int i = 0; i < 16; ++i) rp[i] = &sp[i]->c[c];
-        put_masks(rp, o + 2048 + 64 * c);
+        put_planes(rp, o + 2048 + 64 * c);
       }
       off = 2560;
     }

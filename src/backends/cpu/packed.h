@@ -15,14 +15,14 @@
 //   Q4_0  quants  [b][v][i][e] nibbles: low = k-group v,         256 B per block
 //                 high = k-group v + 4  (v in 0..3)
 //         then    [b][i] f16 d
-//   Q5_0  as Q4_0, each block followed by 8 u64 masks            320 B per block
-//         (mask j, bit 4i + e = bit 4 of element 4j + e of row i)
+//   Q5_0  as Q4_0, each block followed by 64 B of fifth-bit      320 B per block
+//         planes (byte 4i + e, bit j = bit 4 of element 4j + e of row i)
 //         then    [b][i] f16 d
 //   Q4_K  per super-block (2496 B): nibbles of sub-block t at 256 t (as Q4_0);
 //         scales [t][i] u8 at 2048; mins [p][i][2] i16 at 2176 (pair p = sub-blocks
 //         2p, 2p+1); d [i] f16 at 2432; dmin [i] f16 at 2464
-//   Q5_K  as Q4_K with 8 Q5_0-style masks per sub-block after the nibbles (3008 B):
-//         masks at 2048 + 64 t; scales 2560; mins 2688; d 2944; dmin 2976
+//   Q5_K  as Q4_K with Q5_0's 64 B of planes per sub-block after the nibbles (3008 B):
+//         planes at 2048 + 64 t; scales 2560; mins 2688; d 2944; dmin 2976
 //   Q6_K  per super-block (3392 B, 32 of them padding): low nibbles of 32-element chunk
 //         c at 256 c (as Q4_0); high 2-bit pairs at 2048 + 128 c: two 64-byte vectors
 //         (k-groups 0-3, then 4-7), bits 2(j%4)..2(j%4)+1 of byte [i][e];
@@ -31,8 +31,9 @@
 //         two 64-byte vectors (k-groups 0-3, then 4-7), bits 2(j%4)..2(j%4)+1 of byte
 //         [i][e]; scales [u][i] u8 at 1024; mins [p][i][2] i16 at 1280 (pair p =
 //         sub-blocks 2p, 2p+1); d [i] f16 at 1792; dmin [i] f16 at 1824
-//   Q3_K  per super-block (1856 B, 32 of them padding): low 2 bits as Q2_K's; 8
-//         Q5_0-style masks of the third bit per chunk at 1024 + 64 c (so q in 0..7
+//   Q3_K  per super-block (1856 B, 32 of them padding): low 2 bits as Q2_K's; 8 u64
+//         masks of the third bit per chunk at 1024 + 64 c (mask j, bit 4i + e = bit 2 of
+//         element 4j + e of row i; so q in 0..7
 //         stands for q - 4); scales [u][i] i8 (sc - 32) at 1536; d [i] f16 at 1792
 #pragma once
 

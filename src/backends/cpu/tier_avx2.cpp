@@ -58,7 +58,12 @@ struct Avx2 {
     const I on = _mm256_cmpeq_epi8(_mm256_and_si256(bits, sel), sel);
     return _mm256_add_epi8(w, _mm256_and_si256(on, _mm256_set1_epi8(v)));
   }
-  static I add_bit4(I w, uint64_t m) { return add_bit(w, m, 16); }
+  // w | 16 where bit j of the plane byte is set (w < 16; j a constant after unrolling): the
+  // 16-bit shifts move bit j of each byte to bit 4 of the same byte.
+  static I or_bit4(I w, I planes, int j) {
+    const I b = j <= 4 ? _mm256_slli_epi16(planes, 4 - j) : _mm256_srli_epi16(planes, j - 4);
+    return _mm256_or_si256(w, _mm256_and_si256(b, _mm256_set1_epi8(0x10)));
+  }
   // Bits 2n..2n + 1 of every byte (n a constant after unrolling).
   static I crumb(I v, int n) { return _mm256_and_si256(_mm256_srli_epi16(v, 2 * n), _mm256_set1_epi8(3)); }
   static I hi2(I hv) { return _mm256_and_si256(hv, _mm256_set1_epi8(0x30)); }

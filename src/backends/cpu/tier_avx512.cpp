@@ -36,7 +36,12 @@ struct Avx512 {
   static I add_bit(I w, uint64_t m, char v) {
     return _mm512_mask_add_epi8(w, _cvtu64_mask64(m), w, _mm512_set1_epi8(v));
   }
-  static I add_bit4(I w, uint64_t m) { return add_bit(w, m, 16); }
+  // w | 16 where bit j of the plane byte is set (w < 16; j a constant after unrolling): the
+  // 16-bit shifts move bit j of each byte to bit 4 of the same byte.
+  static I or_bit4(I w, I planes, int j) {
+    const I b = j <= 4 ? _mm512_slli_epi16(planes, 4 - j) : _mm512_srli_epi16(planes, j - 4);
+    return _mm512_or_si512(w, _mm512_and_si512(b, _mm512_set1_epi8(0x10)));
+  }
   // Bits 2n..2n + 1 of every byte (n a constant after unrolling).
   static I crumb(I v, int n) { return _mm512_and_si512(_mm512_srli_epi16(v, 2 * n), _mm512_set1_epi8(3)); }
   static I hi2(I hv) { return _mm512_and_si512(hv, _mm512_set1_epi8(0x30)); }
