@@ -159,29 +159,19 @@ void put_crumbs(const Chunk *rows[16], uint8_t *dst) {
       }
 }
 
-// The fifth bits as 64 bytes of planes: byte 4i + e, bit j = bit 4 of element 4j + e of row
-// i, so the lanes line up with the nibble vectors' and k-group j's bits come out with one
-// shift and mask (qgemm_impl.h: nibbles).
-void put_planes(const Chunk *rows[16], uint8_t *dst) {
+// One bit of every quant as 64 bytes of planes: byte 4i + e, bit j = bit `bit` of element
+// 4j + e of row i, so the lanes line up with the nibble and crumb vectors' and k-group j's
+// bits come out with one shift and mask (qgemm_impl.h: nibbles, tile_q23k).
+void put_planes(const Chunk *rows[16], uint8_t *dst, int bit = 4) {
   for (int i = 0; i < 16; ++i) {
     for (int e = 0; e < 4; ++e) {
       uint8_t b = 0;
-      for (int j = 0; j < 8; ++j) b |= static_cast<uint8_t>(((rows[i]->q[4 * j + e] >> 4) & 1) << j);
+      for (int j = 0; j < 8; ++j) b |= static_cast<uint8_t>(((rows[i]->q[4 * j + e] >> bit) & 1) << j);
       dst[4 * i + e] = b;
     }
   }
 }
 
-// 8 u64 masks (64 B): mask j, bit 4i + e = bit `bit` of element 4j + e.
-void put_masks(const Chunk *rows[16], uint8_t *dst, int bit) {
-  for (int j = 0; j < 8; ++j) {
-    uint64_t m = 0;
-    for (int i = 0; i < 16; ++i) {
-      for (int e = 0; e < 4; ++e) m |= uint64_t((rows[i]->q[4 * j + e] >> bit) & 1) << (4 * i + e);
-    }
-    std::memcpy(dst + 8 * j, &m, 8);
-  }
-}
 
 int64_t block_of(GgmlType t) { return quant::traits(t).block_size; }
 
@@ -272,7 +262,7 @@ void pack_group(GgmlType t, const uint8_t *rows, size_t row_bytes, int n_rows, i
       for (int c = 0; c < 8; ++c) {
         for (int i = 0; i < 16; ++i) rp[i] = &sp[i]->c[c];
         put_crumbs(rp, o + 128 * c);
-        if (q3) put_masks(rp, o + 1024 + 64 * c, 2);
+        if (q3) put_planes(rp, o + 1024 + 64 * c, 2);
       }
       const size_t off = q3 ? 1536 : 1024;
       for (int u = 0; u < 16; ++u)

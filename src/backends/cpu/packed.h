@@ -31,9 +31,8 @@
 //         two 64-byte vectors (k-groups 0-3, then 4-7), bits 2(j%4)..2(j%4)+1 of byte
 //         [i][e]; scales [u][i] u8 at 1024; mins [p][i][2] i16 at 1280 (pair p =
 //         sub-blocks 2p, 2p+1); d [i] f16 at 1792; dmin [i] f16 at 1824
-//   Q3_K  per super-block (1856 B, 32 of them padding): low 2 bits as Q2_K's; 8 u64
-//         masks of the third bit per chunk at 1024 + 64 c (mask j, bit 4i + e = bit 2 of
-//         element 4j + e of row i; so q in 0..7
+//   Q3_K  per super-block (1856 B, 32 of them padding): low 2 bits as Q2_K's; the third
+//         bits as Q5_0-style planes per chunk at 1024 + 64 c (so q in 0..7
 //         stands for q - 4); scales [u][i] i8 (sc - 32) at 1536; d [i] f16 at 1792
 #pragma once
 

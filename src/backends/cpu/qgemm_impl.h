@@ -65,7 +65,7 @@ struct Kernels {
     const I v = S::load(q + 64 * (j & 3) + 32 * h);
     const I w = j < 4 ? S::nib_lo(v) : S::nib_hi(v);
     if (!planes) return w;
-    return S::or_bit4(w, S::load(planes + 32 * h), j);
+    return S::or_bit(w, S::load(planes + 32 * h), j, 4);
   }
 
   // k-groups whose maddubs results an int16 lane can sum (S::kI16Dp): a pair of products
@@ -315,11 +315,7 @@ struct Kernels {
           const I v = S::load(o + 128 * c + 64 * u + 32 * h);
           auto wq = [&](int jj) {  // the quants (Q3_K: + 4) of k-group 4 u + jj
             I w = S::crumb(v, jj);
-            if constexpr (q3) {
-              uint64_t m;
-              std::memcpy(&m, o + 1024 + 64 * c + 8 * (4 * u + jj), 8);
-              w = S::add_bit(w, m >> (32 * h), 4);
-            }
+            if constexpr (q3) w = S::or_bit(w, S::load(o + 1024 + 64 * c + 32 * h), 4 * u + jj, 2);
             return w;
           };
           const uint8_t *scp = o + sc_off + 16 * sub + L * h;

@@ -49,20 +49,11 @@ struct Avx2 {
   static I set1(int32_t v) { return _mm256_set1_epi32(v); }
   static I nib_lo(I v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
   static I nib_hi(I v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
-  // + v in byte k where bit k of m (its low 32 bits) is set.
-  static I add_bit(I w, uint64_t m, char v) {
-    const I bits = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int32_t>(m)),
-                                       _mm256_setr_epi64x(0, 0x0101010101010101LL, 0x0202020202020202LL,
-                                                          0x0303030303030303LL));
-    const I sel = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-    const I on = _mm256_cmpeq_epi8(_mm256_and_si256(bits, sel), sel);
-    return _mm256_add_epi8(w, _mm256_and_si256(on, _mm256_set1_epi8(v)));
-  }
-  // w | 16 where bit j of the plane byte is set (w < 16; j a constant after unrolling): the
-  // 16-bit shifts move bit j of each byte to bit 4 of the same byte.
-  static I or_bit4(I w, I planes, int j) {
-    const I b = j <= 4 ? _mm256_slli_epi16(planes, 4 - j) : _mm256_srli_epi16(planes, j - 4);
-    return _mm256_or_si256(w, _mm256_and_si256(b, _mm256_set1_epi8(0x10)));
+  // w | 2^pos where bit j of the plane byte is set (w < 2^pos; j and pos constants after
+  // unrolling): the 16-bit shifts move bit j of each byte to bit pos of the same byte.
+  static I or_bit(I w, I planes, int j, int pos) {
+    const I b = j <= pos ? _mm256_slli_epi16(planes, pos - j) : _mm256_srli_epi16(planes, j - pos);
+    return _mm256_or_si256(w, _mm256_and_si256(b, _mm256_set1_epi8(static_cast<char>(1 << pos))));
   }
   // Bits 2n..2n + 1 of every byte (n a constant after unrolling).
   static I crumb(I v, int n) { return _mm256_and_si256(_mm256_srli_epi16(v, 2 * n), _mm256_set1_epi8(3)); }

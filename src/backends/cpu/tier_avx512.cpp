@@ -33,14 +33,11 @@ struct Avx512 {
   static I set1(int32_t v) { return _mm512_set1_epi32(v); }
   static I nib_lo(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
   static I nib_hi(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
-  static I add_bit(I w, uint64_t m, char v) {
-    return _mm512_mask_add_epi8(w, _cvtu64_mask64(m), w, _mm512_set1_epi8(v));
-  }
-  // w | 16 where bit j of the plane byte is set (w < 16; j a constant after unrolling): the
-  // 16-bit shifts move bit j of each byte to bit 4 of the same byte.
-  static I or_bit4(I w, I planes, int j) {
-    const I b = j <= 4 ? _mm512_slli_epi16(planes, 4 - j) : _mm512_srli_epi16(planes, j - 4);
-    return _mm512_or_si512(w, _mm512_and_si512(b, _mm512_set1_epi8(0x10)));
+  // w | 2^pos where bit j of the plane byte is set (w < 2^pos; j and pos constants after
+  // unrolling): the 16-bit shifts move bit j of each byte to bit pos of the same byte.
+  static I or_bit(I w, I planes, int j, int pos) {
+    const I b = j <= pos ? _mm512_slli_epi16(planes, pos - j) : _mm512_srli_epi16(planes, j - pos);
+    return _mm512_or_si512(w, _mm512_and_si512(b, _mm512_set1_epi8(static_cast<char>(1 << pos))));
   }
   // Bits 2n..2n + 1 of every byte (n a constant after unrolling).
   static I crumb(I v, int n) { return _mm512_and_si512(_mm512_srli_epi16(v, 2 * n), _mm512_set1_epi8(3)); }
