@@ -1159,5 +1159,46 @@ CUDA_TEST(CudaOps, DISABLED_PerfAttention) {
   }
 }
 
+// Logits rows (262144 floats each) downloaded to page-locked memory (what a session's
+// logits buffer is on CUDA, Exec::host_floats) against pageable memory, reused and fresh
+// per call, and the host copy a batched step used to make of them: median of 200, us.
+CUDA_TEST(CudaOps, DISABLED_PerfDownload) {
+  REQUIRE_CUDA();
+  cu::CudaStream s = cuda_env().s;
+  for (size_t rows : {size_t(1), size_t(8)}) {
+    const size_t bytes = rows * 262144 * sizeof(float);
+    DevBuf d(bytes);
+    CU_OK(cu::memset_async(d.as(), 1, bytes, s));
+    Result<void *> pinned = cu::host_alloc_pinned(bytes);
+    ASSERT_TRUE(pinned.is_ok());
+    std::vector<uint8_t> pageable(bytes), copy(bytes);
+    auto median_us = [&](auto &&one) {
+      std::vector<double> t;
+      for (int i = 0; i < 200; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        one();
+        t.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::sort(t.begin(), t.end());
+      return t[t.size() / 2];
+    };
+    auto down = [&](void *dst) {
+      CU_OK(cu::download_async(dst, d.as(), bytes, s));
+      CU_OK(cu::stream_sync(s));
+    };
+    const double pin = median_us([&] { down(*pinned); });
+    const double page = median_us([&] { down(pageable.data()); });
+    const double fresh = median_us([&] {
+      std::vector<uint8_t> f(bytes);
+      down(f.data());
+    });
+    const double host = median_us([&] { std::memcpy(copy.data(), pageable.data(), bytes); });
+    std::printf("PERF download %zu logits rows (%zu KiB): page-locked %.1f us, pageable %.1f us, pageable fresh %.1f "
+                "us; host copy %.1f us\n",
+                rows, bytes / 1024, pin, page, fresh, host);
+    cu::host_free_pinned(*pinned);
+  }
+}
+
 }  // namespace
 }  // namespace geist
