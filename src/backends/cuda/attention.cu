@@ -835,20 +835,7 @@ Status check_attn(const AttnArgs &a) {
 template <KvType KT, KvType VT, int HD>
 bool mq_allow_smem() {
   static std::atomic<uint64_t> done{0};
-  int dev = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  const uint64_t bit = uint64_t(1) << dev;
-  if ((done.load(std::memory_order_relaxed) & bit) != 0) return true;
-  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-      size_t(optin) < mq_smem_bytes<HD>()) {
-    return false;
-  }
-  if (cudaFuncSetAttribute(attention_mq_kernel<KT, VT, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(mq_smem_bytes<HD>())) != cudaSuccess) {
-    return false;
-  }
-  done.fetch_or(bit, std::memory_order_relaxed);
-  return true;
+  return allow_dynamic_smem(attention_mq_kernel<KT, VT, HD>, mq_smem_bytes<HD>(), done);
 }
 
 Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {

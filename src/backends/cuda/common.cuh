@@ -7,7 +7,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -63,6 +65,36 @@ void launch_smem(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, CudaS
 template <class... P, class... A>
 void launch(void (*kernel)(P...), dim3 grid, dim3 block, CudaStream s, A &&...args) {
   launch_smem(kernel, grid, block, 0, s, std::forward<A>(args)...);
+}
+
+// Lets `kernel` launch with up to `bytes` of dynamic shared memory on the current device
+// (above the default 48 KiB), set once per device: `done` is the kernel's own flags, one
+// bit per device. false where the device's opt-in limit is below `bytes` or the call fails.
+template <class... P>
+bool allow_dynamic_smem(void (*kernel)(P...), size_t bytes, std::atomic<uint64_t> &done) {
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+  const uint64_t bit = uint64_t(1) << dev;
+  if ((done.load(std::memory_order_relaxed) & bit) != 0) return true;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+      size_t(optin) < bytes) {
+    return false;
+  }
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  done.fetch_or(bit, std::memory_order_relaxed);
+  return true;
+}
+
+// A non-negative integer knob from the environment (at most 2^20); dflt when unset or not one.
+inline int env_int(const char *name, int dflt) {
+  const char *e = std::getenv(name);
+  if (e == nullptr || *e == '\0') return dflt;
+  char *end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  return (*end == '\0' && v >= 0 && v <= (1 << 20)) ? int(v) : dflt;
 }
 
 namespace dev {

@@ -605,13 +605,7 @@ namespace {
 // matrix-vector kernel for every call of at most max(N, 8) rows (8: the tile kernel from 9
 // rows). The same bits either way (dot_f32's chains and tree).
 bool f32_matvec(const DevMatrix &w, int n_rows) {
-  static const int knob = [] {
-    const char *e = std::getenv("GEIST_CUDA_F32_MATVEC_ROWS");
-    if (e == nullptr || *e == '\0') return -1;
-    char *end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    return (*end == '\0' && v >= 0 && v <= (1 << 20)) ? int(v) : -1;
-  }();
+  static const int knob = env_int("GEIST_CUDA_F32_MATVEC_ROWS", -1);
   if (n_rows <= 8) return true;
   if (knob >= 0) return n_rows <= knob;
   const int64_t tiles = (w.n_out + kFtN - 1) / kFtN * ((n_rows + kFtM - 1) / kFtM);

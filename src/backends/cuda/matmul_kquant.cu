@@ -1537,9 +1537,12 @@ int mvmma_forced_split() {
 // warps per SM, each keeping at least 2 super-blocks, of those whose terms fit 48 KiB of
 // shared memory (measured on the H200: E4B gate+up, 1280 tiles, is fastest at 1; the down
 // projection, 160 tiles, at 8).
+// Shared memory of mvmma_kernel with p warps per 16 outputs: its tiles' f32 terms.
+size_t mvmma_terms_bytes(int p, int n_rows, int nb) { return size_t(kMmWarps / p) * 16 * n_rows * nb * sizeof(float); }
+
 int mvmma_split(int64_t tiles, int nb, int n_rows, size_t smem_limit) {
   const int forced = mvmma_forced_split();
-  auto fits = [&](int p) { return size_t(kMmWarps / p) * 16 * n_rows * nb * 4 <= smem_limit; };
+  auto fits = [&](int p) { return mvmma_terms_bytes(p, n_rows, nb) <= smem_limit; };
   if (forced != 0) return fits(forced) ? forced : 1;
   int best = 1;
   for (int p = 2; p <= 8 && tiles * best < int64_t(8) * device_sm_count() && 2 * p <= nb; p *= 2) {
@@ -1548,8 +1551,8 @@ int mvmma_split(int64_t tiles, int nb, int n_rows, size_t smem_limit) {
   return best;
 }
 
-// More than 48 KiB of dynamic shared memory for mvmma_kernel<T, P, NB> on this device (set
-// once per device, as attention_mq_kernel does); false where the device has no more.
+// The device's opt-in shared memory per block (at least the default 48 KiB), which the
+// 17-32-row launches may take.
 size_t mvmma_optin_smem() {
   static const size_t v = [] {
     int dev = 0, optin = 0;
@@ -1562,22 +1565,6 @@ size_t mvmma_optin_smem() {
   return v;
 }
 
-template <GgmlType T, int P, int NB>
-bool mvmma_allow_smem() {
-  static std::atomic<uint64_t> done{0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
-  const uint64_t bit = uint64_t(1) << dev;
-  if ((done.load(std::memory_order_relaxed) & bit) != 0) return true;
-  if (cudaFuncSetAttribute(mvmma_kernel<T, P, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           int(mvmma_optin_smem())) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  done.fetch_or(bit, std::memory_order_relaxed);
-  return true;
-}
-
 template <GgmlType T>
 void launch_mvmma(const MvSet &set, int64_t K, const int8_t *xq, const float *xd, int n_rows, CudaStream s) {
   const int64_t tiles = set.first[set.n];
@@ -1585,7 +1572,7 @@ void launch_mvmma(const MvSet &set, int64_t K, const int8_t *xq, const float *xd
   if (tiles <= 0 || n_rows <= 0 || n_rows > 32) return;  // callers never pass these (matmul, matmul_n)
   auto go = [&](auto kernel, int p) {
     const int per = kMmWarps / p;
-    const size_t smem = p > 1 ? size_t(per) * 16 * n_rows * nb * sizeof(float) : 0;
+    const size_t smem = p > 1 ? mvmma_terms_bytes(p, n_rows, nb) : 0;
     launch_smem(kernel, dim3(unsigned((tiles + per - 1) / per)), dim3(kMmWarps * 32), smem, s, set, K, xq, xd,
                 n_rows);
   };
@@ -1596,20 +1583,24 @@ void launch_mvmma(const MvSet &set, int64_t K, const int8_t *xq, const float *xd
   const size_t limit = n_rows > 16 ? mvmma_optin_smem() : size_t(48 * 1024);
   auto pick = [&](auto nb_tag) {
     constexpr int NB = decltype(nb_tag)::value;
-    auto big = [&](int p) { return size_t(kMmWarps / p) * 16 * n_rows * nb * 4 > size_t(48 * 1024); };
+    // P warps per 16 outputs if its terms fit the default 48 KiB or the kernel may take more.
+    auto with = [&](auto p_tag) {
+      constexpr int P = decltype(p_tag)::value;
+      static std::atomic<uint64_t> done{0};
+      if (mvmma_terms_bytes(P, n_rows, nb) > size_t(48 * 1024) &&
+          !allow_dynamic_smem(mvmma_kernel<T, P, NB>, mvmma_optin_smem(), done)) {
+        return false;
+      }
+      go(mvmma_kernel<T, P, NB>, P);
+      return true;
+    };
     switch (mvmma_split(tiles, nb, n_rows, limit)) {
-      case 2:
-        if (!big(2) || mvmma_allow_smem<T, 2, NB>()) return go(mvmma_kernel<T, 2, NB>, 2);
-        break;
-      case 4:
-        if (!big(4) || mvmma_allow_smem<T, 4, NB>()) return go(mvmma_kernel<T, 4, NB>, 4);
-        break;
-      case 8:
-        if (!big(8) || mvmma_allow_smem<T, 8, NB>()) return go(mvmma_kernel<T, 8, NB>, 8);
-        break;
+      case 2: if (with(std::integral_constant<int, 2>{})) return; break;
+      case 4: if (with(std::integral_constant<int, 4>{})) return; break;
+      case 8: if (with(std::integral_constant<int, 8>{})) return; break;
       default: break;
     }
-    return go(mvmma_kernel<T, 1, NB>, 1);
+    go(mvmma_kernel<T, 1, NB>, 1);
   };
   if (n_rows <= 8) {
     pick(std::integral_constant<int, 1>{});
@@ -1651,18 +1642,9 @@ int device_sm_count() {
   return v;
 }
 
-namespace {
-int env_rows(const char *name, int dflt) {
-  const char *e = std::getenv(name);
-  if (e == nullptr || *e == '\0') return dflt;
-  char *end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  return (*end == '\0' && v >= 0 && v <= (1 << 20)) ? int(v) : dflt;
-}
-}  // namespace
 
 int kquant_matvec_max_rows() {
-  static const int v = env_rows("GEIST_CUDA_MATVEC_ROWS", 2);
+  static const int v = env_int("GEIST_CUDA_MATVEC_ROWS", 2);
   return v;
 }
 
@@ -1671,7 +1653,7 @@ int kquant_matvec_max_rows() {
 // from 9 rows, 6.87 / 7.27 / 7.86 with this one; 16 sessions' batched decode 1213 -> 1237
 // tokens/s). GEIST_CUDA_MVMMA_ROWS=32 gives it 17-32 rows too (three and four B tiles).
 int kquant_mvmma_max_rows() {
-  static const int v = std::min(env_rows("GEIST_CUDA_MVMMA_ROWS", 16), 32);
+  static const int v = std::min(env_int("GEIST_CUDA_MVMMA_ROWS", 16), 32);
   return v;
 }
 
@@ -1679,7 +1661,7 @@ int kquant_mvmma_max_rows() {
 // call: 24.9 with the few-rows kernel up to 64 rows, 20.8 with it up to 32; at 17-32 rows
 // the few-rows kernel wins, 14.7-16.1 against 18.2-19.4).
 int kquant_skinny_max_rows() {
-  static const int v = env_rows("GEIST_CUDA_SKINNY_ROWS", wtile_nt() != 0 ? 32 : 64);
+  static const int v = env_int("GEIST_CUDA_SKINNY_ROWS", wtile_nt() != 0 ? 32 : 64);
   return v;
 }
 
