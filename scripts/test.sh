@@ -91,6 +91,6 @@ if [ "${GEIST_SKIP_SANITIZERS:-0}" != 1 ]; then
   # ThreadSanitizer: the tests that run threads (pools, sessions on 4 threads at once).
   cmake --preset tsan >/dev/null
   cmake --build --preset tsan -j"$jobs" --target thread_pool_unit concurrency_int c_api_int
-  ctest --test-dir build/tsan -R '^(ThreadPoolUnit|ConcurrencyInt)\.|^CApi\.SecondThreadOnASessionIsRefused$' \
+  ctest --test-dir build/tsan -R '^(ThreadPoolUnit|ConcurrencyInt)\.|^CApi\.(SecondThreadOnASessionIsRefused|SavedStateSharedBetweenThreads)$' \
     -j"$jobs" --output-on-failure
 fi

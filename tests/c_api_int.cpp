@@ -626,6 +626,121 @@ TEST_F(CApi, SnapshotSizeQuery) {
   EXPECT_SESSION_FAILS(s, geist_session_snapshot(s, nullptr, size, &w), GEIST_E_INVALID_ARGUMENT);
 }
 
+// ---- Saved states -------------------------------------------------------------------
+
+using StatePtr = std::unique_ptr<geist_state, decltype(&geist_state_free)>;
+StatePtr new_state() {
+  geist_state *st = nullptr;
+  EXPECT_EQ(geist_state_create(&st), GEIST_OK) << geist_last_error();
+  return StatePtr(st, geist_state_free);
+}
+
+TEST_F(CApi, SavedStates) {
+  SessionPtr a = make(64, 4), b = make(64, 16);
+  const std::vector<geist_token> t = seq(20, 7);
+  ASSERT_EQ(geist_session_pin_prefix(a.get(), t.data(), 9), GEIST_OK);
+  ASSERT_EQ(geist_session_prefill_tokens(a.get(), t.data() + 9, 11), GEIST_OK);
+  StatePtr st = new_state();
+  EXPECT_EQ(geist_state_bytes(st.get()), 0u);
+  size_t n = 7, size = 0, w = 0, want = 0;
+  EXPECT_EQ(geist_state_tokens(st.get(), nullptr, 0, &n), GEIST_OK);
+  EXPECT_EQ(n, 0u);
+  EXPECT_EQ(geist_state_snapshot_size(st.get(), &size), GEIST_E_STATE);
+  EXPECT_SESSION_FAILS(b.get(), geist_session_load_state(b.get(), st.get()), GEIST_E_STATE);
+
+  ASSERT_EQ(geist_session_state_bytes(a.get(), &want), GEIST_OK);
+  ASSERT_EQ(geist_session_save_state(a.get(), st.get()), GEIST_OK) << geist_last_error();
+  EXPECT_EQ(geist_state_bytes(st.get()), want);
+  std::vector<geist_token> got(t.size());
+  ASSERT_EQ(geist_state_tokens(st.get(), got.data(), got.size(), &n), GEIST_OK);
+  EXPECT_EQ(got, t);
+  EXPECT_EQ(geist_state_tokens(st.get(), got.data(), 3, &n), GEIST_E_BUFFER_TOO_SMALL);
+  EXPECT_EQ(n, t.size());
+  // Its snapshot is the session's.
+  ASSERT_EQ(geist_state_snapshot_size(st.get(), &size), GEIST_OK);
+  std::vector<uint8_t> img(size), ref(size);
+  EXPECT_EQ(geist_state_snapshot(st.get(), img.data(), size - 1, &w), GEIST_E_BUFFER_TOO_SMALL);
+  EXPECT_EQ(w, size);
+  EXPECT_EQ(geist_state_snapshot(st.get(), nullptr, size, &w), GEIST_E_INVALID_ARGUMENT);
+  ASSERT_EQ(geist_state_snapshot(st.get(), img.data(), size, &w), GEIST_OK);
+  ASSERT_EQ(geist_session_snapshot(a.get(), ref.data(), ref.size(), &w), GEIST_OK);
+  EXPECT_EQ(img, ref);
+
+  // Loaded into another session (another chunk): the same logits, pin and decode.
+  ASSERT_EQ(geist_session_load_state(b.get(), st.get()), GEIST_OK) << geist_last_error();
+  EXPECT_EQ(logits_of(a.get()), logits_of(b.get()));
+  EXPECT_EQ(geist_session_n_pinned(b.get()), 9u);
+  geist_token ta = -1, tb = -2;
+  ASSERT_EQ(geist_session_decode_step(a.get(), &ta), GEIST_OK);
+  ASSERT_EQ(geist_session_decode_step(b.get(), &tb), GEIST_OK);
+  EXPECT_EQ(ta, tb);
+  EXPECT_EQ(logits_of(a.get()), logits_of(b.get()));
+  ASSERT_EQ(geist_session_reset(b.get()), GEIST_OK);
+  EXPECT_EQ(geist_session_n_tokens(b.get()), 9u);
+
+  // NULLs.
+  EXPECT_EQ(geist_state_create(nullptr), GEIST_E_INVALID_ARGUMENT);
+  EXPECT_SESSION_FAILS(a.get(), geist_session_save_state(a.get(), nullptr), GEIST_E_INVALID_ARGUMENT);
+  EXPECT_SESSION_FAILS(a.get(), geist_session_load_state(a.get(), nullptr), GEIST_E_INVALID_ARGUMENT);
+  EXPECT_EQ(geist_session_save_state(nullptr, st.get()), GEIST_E_INVALID_ARGUMENT);
+  EXPECT_EQ(geist_session_state_bytes(a.get(), nullptr), GEIST_E_INVALID_ARGUMENT);
+  EXPECT_EQ(geist_state_bytes(nullptr), 0u);
+  EXPECT_EQ(geist_state_tokens(nullptr, nullptr, 0, &n), GEIST_E_INVALID_ARGUMENT);
+  EXPECT_EQ(geist_state_snapshot_size(st.get(), nullptr), GEIST_E_INVALID_ARGUMENT);
+  geist_state_free(nullptr);
+  // The state outlives its session.
+  a.reset();
+  SessionPtr c = make(64, 1);
+  ASSERT_EQ(geist_session_load_state(c.get(), st.get()), GEIST_OK) << geist_last_error();
+  EXPECT_EQ(geist_session_n_tokens(c.get()), t.size());
+}
+
+// A state saved into by one thread while others load from it: every call either works or
+// is refused with GEIST_E_STATE, and every load sees a whole state (one of the two saved).
+TEST_F(CApi, SavedStateSharedBetweenThreads) {
+  const std::vector<geist_token> t = seq(24, 9);
+  SessionPtr s1 = make(64, 8), s2 = make(64, 8);
+  ASSERT_EQ(geist_session_prefill_tokens(s1.get(), t.data(), 24), GEIST_OK);
+  ASSERT_EQ(geist_session_prefill_tokens(s2.get(), t.data(), 12), GEIST_OK);
+  const std::vector<float> l1 = logits_of(s1.get()), l2 = logits_of(s2.get());
+  StatePtr st = new_state();
+  ASSERT_EQ(geist_session_save_state(s1.get(), st.get()), GEIST_OK);
+  std::atomic<bool> stop{false};
+  std::atomic<int> saves{0}, loads{0}, refused{0}, other{0}, torn{0};
+  std::thread saver([&] {
+    for (int i = 0; !stop.load(); ++i) {
+      const geist_status r = geist_session_save_state((i % 2 ? s1 : s2).get(), st.get());
+      (r == GEIST_OK ? saves : r == GEIST_E_STATE ? refused : other).fetch_add(1);
+    }
+  });
+  auto loader = [&] {
+    SessionPtr l = make(64, 8);
+    while (!stop.load()) {
+      const geist_status r = geist_session_load_state(l.get(), st.get());
+      if (r == GEIST_OK) {
+        loads.fetch_add(1);
+        const std::vector<float> g = logits_of(l.get());
+        if (g != l1 && g != l2) torn.fetch_add(1);
+      } else {
+        (r == GEIST_E_STATE ? refused : other).fetch_add(1);
+      }
+    }
+  };
+  std::thread r1(loader), r2(loader);
+  const auto t0 = std::chrono::steady_clock::now();
+  while ((saves.load() < 20 || loads.load() < 20) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  stop = true;
+  saver.join();
+  r1.join();
+  r2.join();
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_EQ(torn.load(), 0);
+  EXPECT_GT(saves.load(), 0);
+  EXPECT_GT(loads.load(), 0);
+}
+
 TEST_F(CApi, PrefillLogitsBufferTooSmall) {
   SessionPtr sp = make(64, 4);
   geist_session *s = sp.get();

@@ -328,6 +328,55 @@ TEST(CudaModel, SnapshotsMoveBetweenBackends) {
   }
 }
 
+// Saved states of a GPU session live in device memory (save and load are device-side
+// copies) and are snapshots without the bytes: the same image, the same logits after a
+// load as after the session it was saved from, for any chunk of the loading session.
+TEST(CudaModel, SavedStatesStayOnTheDevice) {
+  const std::string path = test::data_path("gemma4/tiny_gemma4_a_q8_0.gguf");
+  LOAD_CUDA_OR_SKIP(gpu, path);
+  std::unique_ptr<Model> cpu_m = load_cpu(path);
+  ASSERT_TRUE(cpu_m);
+  const std::vector<int32_t> ids = random_ids(*cpu_m, 200, 4);
+  const std::vector<int32_t> rest(ids.begin() + 120, ids.end());
+  for (KvType kv : {KvType::F32, KvType::Q8_0}) {
+    SCOPED_TRACE(kv_type_name(kv));
+    // Pinned at 30, 90 more: with chunk 16 the pin's checkpoint rows are overwritten, so
+    // the state carries its checkpoint section.
+    std::unique_ptr<Session> g = session(*gpu, 16, 256, kv);
+    ASSERT_TRUE(g->pin_prefix(ids.data(), 30).is_ok());
+    ASSERT_TRUE(g->prefill(ids.data() + 30, 90).is_ok());
+    SessionState st;
+    Status s = g->save_state(&st);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_EQ(st.bytes(), g->state_bytes());
+    std::vector<uint8_t> ig(g->snapshot_size()), is(st.snapshot_size());
+    size_t wg = 0, ws = 0;
+    ASSERT_TRUE(g->snapshot(ig.data(), ig.size(), &wg).is_ok());
+    ASSERT_TRUE(st.snapshot(is.data(), is.size(), &ws).is_ok());
+    EXPECT_TRUE(ig == is) << "a state's snapshot is its session's";
+    for (int chunk : {1, 16, 64}) {
+      SCOPED_TRACE("chunk " + std::to_string(chunk));
+      std::unique_ptr<Session> g2 = session(*gpu, chunk, 256, kv);
+      ASSERT_TRUE(g2->prefill(ids.data() + 150, 7).is_ok());  // something to replace
+      s = g2->load_state(st);
+      ASSERT_TRUE(s.is_ok()) << s.to_string();
+      std::unique_ptr<Session> ref = session(*gpu, 16, 256, kv);
+      ASSERT_TRUE(ref->restore(ig.data(), wg).is_ok());
+      EXPECT_TRUE(same_bits(all_logits(*ref, rest), all_logits(*g2, rest))) << "load_state vs restore";
+      ref->reset();
+      g2->reset();
+      EXPECT_TRUE(same_bits(all_logits(*ref, rest), all_logits(*g2, rest))) << "after reset to the pin";
+    }
+    // Host and device states do not mix.
+    std::unique_ptr<Session> c = session(*cpu_m, 16, 256, kv);
+    EXPECT_EQ(c->load_state(st).code(), GEIST_E_MISMATCH);
+    ASSERT_TRUE(c->prefill(ids.data(), 40).is_ok());
+    SessionState cs;
+    ASSERT_TRUE(c->save_state(&cs).is_ok());
+    EXPECT_EQ(g->load_state(cs).code(), GEIST_E_MISMATCH);
+  }
+}
+
 // KV types on the GPU: each against f32 KV (information; bounds are loose sanity checks).
 TEST(CudaModel, KvTypes) {
   for (const std::string &path : model_paths()) {

@@ -609,6 +609,158 @@ TEST_F(SnapshotInt, ImageOfAnotherModel) {
   b.reset();  // before the model and its memory go
 }
 
+// ---- saved states (Session::save_state / load_state) ----------------------------------------
+
+std::vector<uint8_t> state_snap(const SessionState &st) {
+  std::vector<uint8_t> b(st.snapshot_size());
+  size_t w = 0;
+  Status s = st.snapshot(b.data(), b.size(), &w);
+  EXPECT_TRUE(s) << s.to_string();
+  EXPECT_EQ(w, b.size());
+  return b;
+}
+
+// load_state is refused with `code` and the session is as before, byte for byte.
+void expect_load_refused(Session &t, const SessionState &st, geist_status code, const std::string &what) {
+  SCOPED_TRACE(what);
+  const std::vector<uint8_t> before = snap(t);
+  const std::vector<float> logits = logits_of(t);
+  const uint64_t n_restores = t.stats().n_restores;
+  Status s = t.load_state(st);
+  EXPECT_EQ(s.code(), code) << s.to_string();
+  EXPECT_FALSE(s.message().empty());
+  EXPECT_TRUE(snap(t) == before) << "session changed by a refused load_state";
+  EXPECT_TRUE(same_floats(logits_of(t), logits));
+  EXPECT_EQ(t.stats().n_restores, n_restores);
+}
+
+TEST_F(SnapshotInt, SavedStatesAreSnapshotsWithoutTheBytes) {
+  struct Case {
+    const char *name;
+    size_t n_pin, n_more;
+    int n_decode;
+  };
+  // A checkpoint section (pin 20, 33 after it), the compact form (pin at the end), no pin,
+  // the pin's checkpoint beyond the ring (40 after a pin of 10), and an empty session.
+  for (const Case &c : {Case{"pin 20 + 30 + 3 decoded", 20, 30, 3}, Case{"pinned at the end", 12, 0, 0},
+                        Case{"no pin", 0, 15, 2}, Case{"pin 10 + 40", 10, 40, 0}, Case{"empty", 0, 0, 0}}) {
+    SCOPED_TRACE(c.name);
+    std::unique_ptr<Session> a = busy(c.n_pin, c.n_more, c.n_decode, 4, 2, 41);
+    SessionState st;
+    EXPECT_TRUE(st.empty());
+    const size_t want = a->state_bytes();
+    Status s = a->save_state(&st);
+    ASSERT_TRUE(s) << s.to_string();
+    EXPECT_FALSE(st.empty());
+    EXPECT_EQ(st.bytes(), want) << "state_bytes() is what a fresh state holds";
+    EXPECT_EQ(st.tokens(), a->tokens());
+    // Its snapshot is the session's, byte for byte (the same image the file path writes).
+    EXPECT_TRUE(state_snap(st) == snap(*a));
+
+    for (int chunk : {1, 7, 64}) {
+      SCOPED_TRACE("chunk " + std::to_string(chunk));
+      std::unique_ptr<Session> ref = busy(c.n_pin, c.n_more, c.n_decode, 4, 2, 41);
+      std::unique_ptr<Session> b = make(chunk, 1);
+      ASSERT_TRUE(b->prefill(toks(9, 5).data(), 9));  // something to replace
+      s = b->load_state(st);
+      ASSERT_TRUE(s) << s.to_string();
+      EXPECT_EQ(b->stats().n_restores, 1u);
+      expect_same(*ref, *b, "after load_state");
+      const std::vector<int32_t> more = toks(25, 77);
+      ASSERT_TRUE(ref->prefill(more.data(), more.size()));
+      ASSERT_TRUE(b->prefill(more.data(), more.size()));
+      expect_same(*ref, *b, "after 25 more");
+      decode_both(*ref, *b, 3, "decode after load_state");
+      ref->reset();
+      b->reset();
+      expect_same(*ref, *b, "after reset");
+    }
+  }
+}
+
+TEST_F(SnapshotInt, SavedStatesAreReusedAndOutliveTheirSession) {
+  SessionState st;
+  {
+    std::unique_ptr<Session> big = busy(10, 40, 0, 4, 2, 51);
+    ASSERT_TRUE(big->save_state(&st));
+  }  // the session is gone; its state is not
+  const size_t held = st.bytes();
+  std::unique_ptr<Session> ref = busy(10, 40, 0, 4, 2, 51);
+  std::unique_ptr<Session> b = make(4, 2);
+  ASSERT_TRUE(b->load_state(st));
+  expect_same(*ref, *b, "a state of a destroyed session");
+
+  // A smaller save reuses the memory (no allocation, nothing released) and replaces
+  // every part: its snapshot is the smaller session's.
+  std::unique_ptr<Session> small = busy(3, 4, 1, 4, 2, 52);
+  ASSERT_TRUE(small->save_state(&st));
+  EXPECT_EQ(st.bytes(), held);
+  EXPECT_TRUE(state_snap(st) == snap(*small));
+  ASSERT_TRUE(b->load_state(st));
+  expect_same(*small, *b, "after a smaller save into the same state");
+  decode_both(*small, *b, 3, "decode");
+  // A larger one grows it.
+  std::unique_ptr<Session> larger = busy(0, 120, 0, 16, 2, 53);
+  ASSERT_TRUE(larger->save_state(&st));
+  EXPECT_GT(st.bytes(), held);
+  EXPECT_TRUE(state_snap(st) == snap(*larger));
+}
+
+TEST_F(SnapshotInt, SavedStateRefusals) {
+  std::unique_ptr<Session> t = busy(6, 9, 2, 4, 1, 61);
+  SessionState empty;
+  expect_load_refused(*t, empty, GEIST_E_STATE, "an empty state");
+  size_t w = 0;
+  EXPECT_EQ(empty.snapshot(nullptr, 0, &w).code(), GEIST_E_STATE);
+  EXPECT_EQ(t->save_state(nullptr).code(), GEIST_E_INVALID_ARGUMENT);
+
+  SessionState st;
+  std::unique_ptr<Session> a = busy(10, 40, 0, 4, 2, 62);
+  ASSERT_TRUE(a->save_state(&st));
+  std::unique_ptr<Session> tiny = make(4, 1, /*n_ctx=*/49);
+  ASSERT_TRUE(tiny->prefill(toks(9, 3).data(), 9));
+  expect_load_refused(*tiny, st, GEIST_E_CONTEXT_FULL, "n_ctx 49 < 50 tokens");
+
+  // KV types differ.
+  SessionParams p;
+  p.n_ctx = 256;
+  p.chunk = 4;
+  p.type_k = KvType::F16;
+  Result<std::unique_ptr<Session>> f16 = Session::create(*model_, p);
+  ASSERT_TRUE(f16) << f16.status().to_string();
+  expect_load_refused(*f16.value(), st, GEIST_E_MISMATCH, "f32 rows into an f16 K cache");
+
+  // Buffer contract of the state's snapshot.
+  std::vector<uint8_t> small(st.snapshot_size() - 1);
+  EXPECT_EQ(st.snapshot(small.data(), small.size(), &w).code(), GEIST_E_BUFFER_TOO_SMALL);
+  EXPECT_EQ(w, small.size() + 1);
+  EXPECT_EQ(st.snapshot(small.data(), small.size(), nullptr).code(), GEIST_E_INVALID_ARGUMENT);
+}
+
+TEST_F(SnapshotInt, SavedStateOfAnotherModel) {
+  std::vector<uint8_t> bytes = test::read_file(test::data_path("tiny_gemma3.gguf"));
+  const std::string name = "tiny-gemma3-random";
+  auto it = std::search(bytes.begin(), bytes.end(), name.begin(), name.end());
+  ASSERT_NE(it, bytes.end());
+  it[name.size() - 1] = 'D';
+  const size_t n = bytes.size();
+  void *mem = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
+  ASSERT_NE(mem, nullptr);
+  std::unique_ptr<void, decltype(&std::free)> keep(mem, &std::free);
+  std::memcpy(mem, bytes.data(), n);
+  Result<std::unique_ptr<Model>> m2 = Model::load_from_memory(mem, n);
+  ASSERT_TRUE(m2) << m2.status().to_string();
+  std::unique_ptr<Session> a = busy(4, 5, 1);
+  std::unique_ptr<Session> b = make(4, 1, 256, m2.value().get());
+  ASSERT_TRUE(b->prefill(toks(5, 8).data(), 5));
+  SessionState sa, sb;
+  ASSERT_TRUE(a->save_state(&sa));
+  ASSERT_TRUE(b->save_state(&sb));
+  expect_load_refused(*b, sa, GEIST_E_MISMATCH, "model 1 state into a model 2 session");
+  expect_load_refused(*a, sb, GEIST_E_MISMATCH, "model 2 state into a model 1 session");
+  b.reset();
+}
+
 std::string temp_dir() {
   const char *t = std::getenv("TMPDIR");
   std::string tmpl = std::string(t && *t ? t : "/tmp") + "/geist_snapshot_int.XXXXXX";

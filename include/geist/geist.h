@@ -372,6 +372,47 @@ GEIST_API geist_status geist_session_restore(geist_session *s, const void *buf, 
 GEIST_API geist_status geist_session_save_file(const geist_session *s, const char *path);
 GEIST_API geist_status geist_session_load_file(geist_session *s, const char *path);
 
+/* Saved states: a session's state kept in memory for a later load into any session of the
+ * same model, with its KV rows where the session keeps its KV cache (device memory for a
+ * GPU session). What a snapshot holds, neither serialised nor checksummed nor moved off
+ * the device: saving and loading are copies inside the device. This is what a prefix
+ * cache should keep (geist serve does); a snapshot is for files and other processes.
+ * A state is reused by later saves: its memory grows when a save needs more, else is kept.
+ * Several threads may load from (or snapshot) one state at once; a save into a state
+ * that another thread is reading, or the reverse, is refused with GEIST_E_STATE. */
+typedef struct geist_state geist_state;
+
+/* An empty state (no memory beyond the handle until the first save). GEIST_E_INVALID_ARGUMENT
+ * for out NULL, GEIST_E_OUT_OF_MEMORY. */
+GEIST_API geist_status geist_state_create(geist_state **out);
+GEIST_API void geist_state_free(geist_state *st); /* NULL is a no-op */
+
+/* Bytes a state saved from s now would hold (geist_state_bytes after the save), for a
+ * cache to make room first. GEIST_E_INVALID_ARGUMENT for NULLs. */
+GEIST_API geist_status geist_session_state_bytes(const geist_session *s, size_t *bytes);
+/* Save s's state into st, replacing what it held. On an error st is unchanged.
+ * GEIST_E_INVALID_ARGUMENT for NULLs, GEIST_E_OUT_OF_MEMORY when the state's KV rows do not
+ * fit (device memory for a GPU session), GEIST_E_STATE when st is in use by another thread. */
+GEIST_API geist_status geist_session_save_state(const geist_session *s, geist_state *st);
+/* Replace s's state with st's, exactly as geist_session_restore of the state's snapshot
+ * would (the same checks and guarantee: on any error s is unchanged; the logits that follow
+ * are bit-identical). GEIST_E_STATE for an empty state (or one another thread is saving
+ * into), GEIST_E_MISMATCH for another model, KV geometry or KV types, or a state whose rows
+ * are in another device's memory (a GPU session's state and a CPU session),
+ * GEIST_E_CONTEXT_FULL when its tokens do not fit s's n_ctx. */
+GEIST_API geist_status geist_session_load_state(geist_session *s, const geist_state *st);
+
+/* Memory the state holds, host and device, in bytes; 0 for NULL or while being saved into. */
+GEIST_API size_t geist_state_bytes(const geist_state *st);
+/* The state's tokens, as geist_session_tokens. */
+GEIST_API geist_status geist_state_tokens(const geist_state *st, geist_token *out, size_t cap, size_t *n_out);
+/* The snapshot image of the state (docs/SNAPSHOT.md), byte for byte what
+ * geist_session_snapshot of its session wrote at the save; copies the KV rows to the host
+ * (for a file: a disk tier of a cache). GEIST_E_STATE for an empty state, otherwise as
+ * geist_session_snapshot_size / geist_session_snapshot. */
+GEIST_API geist_status geist_state_snapshot_size(const geist_state *st, size_t *size);
+GEIST_API geist_status geist_state_snapshot(const geist_state *st, void *buf, size_t cap, size_t *written);
+
 /* GEIST_OK if geist_session_save_file may write path: the rule above, and path's
  * directory takes a new file (probed without leaving anything). Otherwise GEIST_E_IO and
  * a message saying why (geist_last_error). Lets an application refuse a bad path before

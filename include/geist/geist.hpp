@@ -54,6 +54,55 @@ inline Error snapshot_file_check(const std::string &path) {
 
 class Session;
 
+// A saved session state (geist_state): kept where the session keeps its KV rows, loaded
+// into any session of the same model. Empty until the first Session::save_state.
+class State {
+ public:
+  State() = default;
+  ~State() { geist_state_free(st_); }
+  State(State &&o) noexcept : st_(std::exchange(o.st_, nullptr)) {}
+  State &operator=(State &&o) noexcept {
+    if (this != &o) {
+      geist_state_free(st_);
+      st_ = std::exchange(o.st_, nullptr);
+    }
+    return *this;
+  }
+  State(const State &) = delete;
+  State &operator=(const State &) = delete;
+
+  static Error create(State *out) {
+    geist_state *st = nullptr;
+    Error e = detail::from(geist_state_create(&st));
+    if (!e) *out = State(st);
+    return e;
+  }
+  size_t bytes() const { return geist_state_bytes(st_); }  // memory held, host and device
+  std::vector<geist_token> tokens() const {
+    size_t n = 0;
+    geist_state_tokens(st_, nullptr, 0, &n);
+    std::vector<geist_token> t(n);
+    if (geist_state_tokens(st_, t.data(), t.size(), &n) != GEIST_OK) t.clear();
+    return t;
+  }
+  // The state's snapshot image (copies its KV rows to the host).
+  Error snapshot(std::vector<uint8_t> *out) const {
+    size_t n = 0;
+    geist_status s = geist_state_snapshot_size(st_, &n);
+    if (s != GEIST_OK) return detail::from(s);
+    out->resize(n);
+    s = geist_state_snapshot(st_, out->data(), out->size(), &n);
+    out->resize(s == GEIST_OK ? n : 0);
+    return detail::from(s);
+  }
+  geist_state *get() const { return st_; }
+  explicit operator bool() const { return st_ != nullptr; }
+
+ private:
+  explicit State(geist_state *st) : st_(st) {}
+  geist_state *st_ = nullptr;
+};
+
 class Model {
  public:
   Model() = default;
@@ -242,6 +291,13 @@ class Session {
   }
   Error restore(const void *data, size_t size) { return err(geist_session_restore(s_, data, size)); }
   Error restore(const std::vector<uint8_t> &img) { return restore(img.data(), img.size()); }
+  // Saved states (geist_session_save_state): device-side copies on a GPU.
+  Error save_state(State *st) const { return err(geist_session_save_state(s_, st->get())); }
+  Error load_state(const State &st) { return err(geist_session_load_state(s_, st.get())); }
+  size_t state_bytes() const {
+    size_t n = 0;
+    return geist_session_state_bytes(s_, &n) == GEIST_OK ? n : 0;
+  }
   Error save_file(const std::string &path) const { return err(geist_session_save_file(s_, path.c_str())); }
   Error load_file(const std::string &path) { return err(geist_session_load_file(s_, path.c_str())); }
 

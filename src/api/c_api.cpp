@@ -29,6 +29,14 @@ struct geist_session {
   std::atomic<bool> busy{false};
 };
 
+struct geist_state {
+  std::shared_ptr<geist::Model> model;  // the last save's: keeps its backend alive
+  geist::SessionState state;
+  // > 0: that many readers (a load, a snapshot); -1: a save is writing it. A save while
+  // another thread reads it (or the reverse) is refused instead of racing.
+  std::atomic<int> users{0};
+};
+
 namespace {
 
 thread_local std::string t_last_error;
@@ -589,6 +597,139 @@ geist_status geist_session_load_file(geist_session *s, const char *path) {
   return guarded(s, [&] {
     GEIST_NULL_CHECK(path, s);
     return report(s->session->load_file(path), s);
+  });
+}
+
+namespace {
+
+// Shared (readers) or exclusive (a save) use of a state for one call; ok() false if it
+// conflicts with another thread's.
+class StateUse {
+ public:
+  StateUse(const geist_state *st, bool write) : st_(const_cast<geist_state *>(st)), write_(write) {
+    int cur = write_ ? 0 : st_->users.load(std::memory_order_relaxed);
+    if (write_) {
+      held_ = st_->users.compare_exchange_strong(cur, -1, std::memory_order_acquire);
+    } else {
+      while (cur >= 0 && !st_->users.compare_exchange_weak(cur, cur + 1, std::memory_order_acquire)) {
+      }
+      held_ = cur >= 0;
+    }
+  }
+  ~StateUse() {
+    if (!held_) return;
+    if (write_) {
+      st_->users.store(0, std::memory_order_release);
+    } else {
+      st_->users.fetch_sub(1, std::memory_order_release);
+    }
+  }
+  StateUse(const StateUse &) = delete;
+  StateUse &operator=(const StateUse &) = delete;
+  bool ok() const { return held_; }
+
+ private:
+  geist_state *st_;
+  bool write_;
+  bool held_ = false;
+};
+
+geist_status state_busy() {
+  return fail(GEIST_E_STATE, "the state is in use by another thread (a save needs it alone)");
+}
+
+}  // namespace
+
+geist_status geist_state_create(geist_state **out) {
+  return guarded(nullptr, [&] {
+    GEIST_NULL_CHECK(out, nullptr);
+    *out = nullptr;
+    *out = new geist_state();
+    return GEIST_OK;
+  });
+}
+
+void geist_state_free(geist_state *st) {
+  delete st;
+}
+
+geist_status geist_session_state_bytes(const geist_session *s, size_t *bytes) {
+  GEIST_SESSION_ENTER(s);
+  auto *ms = const_cast<geist_session *>(s);
+  GEIST_NULL_CHECK(bytes, ms);
+  *bytes = s->session->state_bytes();
+  return GEIST_OK;
+}
+
+geist_status geist_session_save_state(const geist_session *s, geist_state *st) {
+  GEIST_SESSION_ENTER(s);
+  auto *ms = const_cast<geist_session *>(s);
+  return guarded(ms, [&] {
+    GEIST_NULL_CHECK(st, ms);
+    StateUse use(st, true);
+    if (!use.ok()) return state_busy();
+    if (geist::Status r = s->session->save_state(&st->state); !r.is_ok()) return report(r, ms);
+    st->model = s->model;
+    return GEIST_OK;
+  });
+}
+
+geist_status geist_session_load_state(geist_session *s, const geist_state *st) {
+  GEIST_SESSION_ENTER(s);
+  return guarded(s, [&] {
+    GEIST_NULL_CHECK(st, s);
+    StateUse use(st, false);
+    if (!use.ok()) return state_busy();
+    return report(s->session->load_state(st->state), s);
+  });
+}
+
+size_t geist_state_bytes(const geist_state *st) {
+  if (st == nullptr) return 0;
+  StateUse use(st, false);
+  return use.ok() ? st->state.bytes() : 0;
+}
+
+geist_status geist_state_tokens(const geist_state *st, geist_token *out, size_t cap, size_t *n_out) {
+  return guarded(nullptr, [&] {
+    GEIST_NULL_CHECK(st, nullptr);
+    GEIST_NULL_CHECK(n_out, nullptr);
+    StateUse use(st, false);
+    if (!use.ok()) return state_busy();
+    const std::vector<int32_t> &t = st->state.tokens();
+    *n_out = t.size();
+    if (cap < t.size()) {
+      return fail(GEIST_E_BUFFER_TOO_SMALL, "the state has " + std::to_string(t.size()) +
+                                                " tokens, the buffer holds " + std::to_string(cap));
+    }
+    if (!t.empty()) {
+      GEIST_NULL_CHECK(out, nullptr);
+      std::memcpy(out, t.data(), t.size() * sizeof(geist_token));
+    }
+    return GEIST_OK;
+  });
+}
+
+geist_status geist_state_snapshot_size(const geist_state *st, size_t *size) {
+  return guarded(nullptr, [&] {
+    GEIST_NULL_CHECK(st, nullptr);
+    GEIST_NULL_CHECK(size, nullptr);
+    StateUse use(st, false);
+    if (!use.ok()) return state_busy();
+    if (st->state.empty()) return fail(GEIST_E_STATE, "the state is empty (nothing was saved into it)");
+    *size = st->state.snapshot_size();
+    return GEIST_OK;
+  });
+}
+
+geist_status geist_state_snapshot(const geist_state *st, void *buf, size_t cap, size_t *written) {
+  return guarded(nullptr, [&] {
+    GEIST_NULL_CHECK(st, nullptr);
+    GEIST_NULL_CHECK(written, nullptr);
+    if (buf == nullptr && cap > 0) return fail(GEIST_E_INVALID_ARGUMENT, "buf is NULL but cap > 0");
+    StateUse use(st, false);
+    if (!use.ok()) return state_busy();
+    return report(st->state.snapshot(buf, cap, written));
   });
 }
 

@@ -12,9 +12,11 @@
 #include <cstddef>
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backends/kv_type.h"
+#include "base/status.h"
 
 namespace geist {
 
@@ -23,6 +25,31 @@ struct KvLayerSpec {
   int64_t row_floats = 0;  // n_head_kv * head_dim: elements of one position's K (and of V)
   int window = 0;          // sliding window W, 0 for global layers
   int head_dim = 0;        // elements of one head (a q8_0 cache needs a multiple of 32)
+};
+
+// Memory for rows blocks kept where a store keeps its rows (device memory on a GPU): the
+// KV part of a saved session state (Session::save_state), so that saving and loading one
+// are copies inside the device and never cross the bus. Made by KvStore::new_buffer;
+// outlives the store that made it and serves every store of the same space().
+class KvBuffer {
+ public:
+  virtual ~KvBuffer() = default;
+  KvBuffer(const KvBuffer &) = delete;
+  KvBuffer &operator=(const KvBuffer &) = delete;
+  uint8_t *data() const { return data_; }  // in the store's space: not for the host to touch
+  size_t size() const { return size_; }
+  int space() const { return space_; }
+  // Bytes [off, off + n) to host memory (serialising a state). Safe from any thread
+  // while no one writes the buffer; on a GPU it runs on a stream of its own.
+  virtual Status read(size_t off, size_t n, void *host) const = 0;
+
+ protected:
+  KvBuffer(uint8_t *data, size_t size, int space) : data_(data), size_(size), space_(space) {}
+
+ private:
+  uint8_t *data_;
+  size_t size_;
+  int space_;
 };
 
 class KvStore {
@@ -45,6 +72,11 @@ class KvStore {
   // Positions layer l can hold at once (n_ctx for global layers).
   int64_t capacity(int l) const { return capacity_[l]; }
   virtual size_t bytes_reserved() const = 0;
+  // Where the rows live: -1 for host memory, a GPU's ordinal for its memory. A KvBuffer of
+  // the same space may be passed wherever a rows block is read or written below.
+  virtual int space() const { return -1; }
+  // A buffer of `bytes` in this store's space. GEIST_E_OUT_OF_MEMORY if it does not fit.
+  virtual Result<std::unique_ptr<KvBuffer>> new_buffer(size_t bytes) const = 0;
 
   // First position a continuation from n_past = n still reads in layer l: 0 for global
   // layers, max(0, n - (W - 1)) for sliding ones.
@@ -56,7 +88,8 @@ class KvStore {
   // A "rows block" of positions [from, to) of layer l, on the host: the K rows
   // [to - from][row_bytes_k] then the V rows [to - from][row_bytes_v], in the store's types
   // exactly as stored (so an image moves between backends bit for bit). The positions must
-  // be ones the store holds (to - from <= capacity(l)). Pointers need no alignment.
+  // be ones the store holds (to - from <= capacity(l)). Pointers need no alignment; each
+  // is host memory or inside a KvBuffer of this store's space().
   virtual void read_rows(int l, int64_t from, int64_t to, void *dst) const = 0;
   virtual void write_rows(int l, int64_t from, int64_t to, const void *src) = 0;
   // The checkpoint of a pin at n_pin positions: for every sliding layer, the rows of

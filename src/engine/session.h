@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/kv_store.h"
 #include "base/status.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -53,6 +54,45 @@ struct SessionStats {
   uint64_t n_restores = 0;
   double restore_seconds = 0;
   double last_prefill_seconds = 0, last_decode_seconds = 0;
+};
+
+// A session's state saved for a later Session::load_state into any session of the same
+// model (a server's prefix cache): what a snapshot holds, not serialised, with the KV rows
+// kept where the session keeps them (KvBuffer: device memory on a GPU), so that saving and
+// loading are copies inside the device that never cross the bus. A state is reused by
+// later saves: its memory grows when a save needs more and is otherwise kept. Saving into
+// a state while another thread reads it is a race; concurrent reads (load_state,
+// snapshot) are fine.
+class SessionState {
+ public:
+  SessionState() = default;
+  bool empty() const { return !saved_; }
+  size_t n_tokens() const { return tokens_.size(); }
+  const std::vector<int32_t> &tokens() const { return tokens_; }
+  // Memory it holds: host (tokens, logits, sampler histories) and KV buffer.
+  size_t bytes() const;
+  // The snapshot (docs/SNAPSHOT.md) of the saved state, byte for byte what
+  // Session::snapshot wrote when the state was saved; copies the KV rows to the host.
+  // GEIST_E_STATE for an empty state.
+  size_t snapshot_size() const;
+  Status snapshot(void *buf, size_t cap, size_t *written) const;
+
+ private:
+  friend class Session;
+  bool saved_ = false;
+  uint64_t fingerprint_ = 0;
+  std::vector<KvLayerSpec> layers_;
+  KvType type_k_ = KvType::F32, type_v_ = KvType::F32;
+  std::vector<int32_t> tokens_;
+  size_t n_vocab_ = 0;
+  bool has_logits_ = false;
+  std::vector<float> logits_;
+  Sampler::State sampler_;
+  size_t n_pin_ = 0;
+  Sampler::State pin_sampler_;
+  std::vector<float> pin_logits_;
+  std::unique_ptr<KvBuffer> kv_;  // the snapshot's kv and ckpt sections, kv_bytes_ of it used
+  size_t kv_bytes_ = 0;
 };
 
 class Session {
@@ -110,6 +150,15 @@ class Session {
   Status restore(const void *buf, size_t size);
   Status save_file(const std::string &path) const;
   Status load_file(const std::string &path);
+  // Saved states (SessionState above). save_state leaves *st as it was on an error
+  // (GEIST_E_OUT_OF_MEMORY: its KV buffer does not fit). load_state restores st as
+  // restore() would its snapshot, with the same checks and guarantee (GEIST_E_STATE for
+  // an empty state; GEIST_E_MISMATCH also for a state held in another space, a GPU
+  // session's state in a CPU session, say). state_bytes: what a state saved now would
+  // hold (SessionState::bytes() of a fresh one).
+  size_t state_bytes() const;
+  Status save_state(SessionState *st) const;
+  Status load_state(const SessionState &st);
 
   const float *logits() const { return has_logits_ ? logits_.get() : nullptr; }
   int64_t n_vocab() const { return model_.info().n_vocab; }
@@ -143,6 +192,13 @@ class Session {
   // After a forward pass of failed_rows rows failed: back to the pin, or empty.
   void recover(int failed_rows);
   std::unique_ptr<Pin> make_pin() const;
+  // What restore and load_state commit once every check has passed (snapshot.cpp).
+  struct Parts;
+  void commit(const Parts &p, Sampler::State &&pin_sampler);
+  // The kv and ckpt sections of this session's snapshot, written at dst (host memory or a
+  // KvBuffer of the store's space).
+  void read_kv_sections(uint8_t *dst) const;
+  size_t state_kv_bytes() const;  // the KV buffer a save_state needs now
   // Room in tokens_ for extra more (amortized O(1) per token). May throw bad_alloc.
   void reserve_tokens(size_t extra);
 

@@ -19,7 +19,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <vector>
 #include <xxhash.h>
 
 #include "base/timer.h"
@@ -105,24 +107,129 @@ size_t mul(uint64_t n, uint64_t size) {
   return static_cast<size_t>(n * size);
 }
 
-}  // namespace
+// KvStore::first_live and block_bytes for a layer spec without a store (saved states).
+int64_t first_live(const KvLayerSpec &s, int64_t n) {
+  return s.window > 0 && n > s.window - 1 ? n - (s.window - 1) : 0;
+}
+size_t block_bytes(KvType tk, KvType tv, const KvLayerSpec &s, int64_t n) {
+  return size_t(n) * (kv_row_bytes(tk, s.row_floats) + kv_row_bytes(tv, s.row_floats));
+}
 
-size_t Session::snapshot_size() const {
-  const size_t nv = size_t(n_vocab());
-  const int64_t n = int64_t(tokens_.size());
-  size_t b = kHeaderBytes + kLayerBytes * size_t(cache_->n_layers());
-  b += sizeof(int32_t) * tokens_.size();
-  if (has_logits_) b += sizeof(float) * nv;
-  b += 40 + sizeof(int32_t) * sampler_.state().history.size();
-  const bool live = pin_ && pin_->n == tokens_.size();
-  if (pin_) b += 40 + sizeof(int32_t) * pin_->sampler.history.size() + sizeof(float) * nv;
-  for (int l = 0; l < cache_->n_layers(); ++l) {
-    b += cache_->block_bytes(l, n - cache_->first_live(l, n));
-    if (pin_ && !live && cache_->spec(l).window > 0) {
-      b += cache_->block_bytes(l, int64_t(pin_->n) - cache_->first_live(l, int64_t(pin_->n)));
-    }
+// What an image holds besides its KV rows, by reference: a session's or a saved state's.
+struct ImageParts {
+  uint64_t fingerprint = 0;
+  size_t nv = 0, n_pin = 0;
+  const std::vector<KvLayerSpec> *layers = nullptr;
+  KvType tk = KvType::F32, tv = KvType::F32;
+  const std::vector<int32_t> *tokens = nullptr;
+  const float *logits = nullptr;  // null: no logits
+  const Sampler::State *sampler = nullptr;
+  const Sampler::State *pin_sampler = nullptr;  // read when n_pin > 0
+  const float *pin_logits = nullptr;
+  size_t n() const { return tokens->size(); }
+  // The pin's checkpoint is the kv section's rows when the pin is at the end.
+  bool live() const { return n_pin > 0 && n_pin == n(); }
+};
+
+// Bytes of the kv and ckpt sections.
+size_t kv_sections_bytes(const ImageParts &p) {
+  const int64_t n = int64_t(p.n()), np = int64_t(p.n_pin);
+  size_t b = 0;
+  for (const KvLayerSpec &s : *p.layers) {
+    b += block_bytes(p.tk, p.tv, s, n - first_live(s, n));
+    if (np > 0 && !p.live() && s.window > 0) b += block_bytes(p.tk, p.tv, s, np - first_live(s, np));
   }
   return b;
+}
+
+size_t image_size(const ImageParts &p) {
+  size_t b = kHeaderBytes + kLayerBytes * p.layers->size() + sizeof(int32_t) * p.n();
+  if (p.logits) b += sizeof(float) * p.nv;
+  b += 40 + sizeof(int32_t) * p.sampler->history.size();
+  if (p.n_pin > 0) b += 40 + sizeof(int32_t) * p.pin_sampler->history.size() + sizeof(float) * p.nv;
+  return b + kv_sections_bytes(p);
+}
+
+// Writes the image_size(p) bytes of p's image at base; read_kv writes the kv and ckpt
+// sections (kv_sections_bytes(p)) at the pointer it is given.
+Status write_image(const ImageParts &p, uint8_t *base, const std::function<Status(uint8_t *)> &read_kv) {
+  const size_t size = image_size(p);
+  const int64_t n = int64_t(p.n());
+  Writer w(base);
+  w.bytes(kMagic, 8);
+  w.put<uint32_t>(kVersion);
+  w.put<uint32_t>((p.logits ? kHasLogits : 0) | (p.live() ? kCheckpointLive : 0));
+  w.put<uint64_t>(size);
+  w.put<uint64_t>(0);  // checksum, filled in last
+  w.put<uint64_t>(p.fingerprint);
+  w.put<uint64_t>(p.nv);
+  w.put<uint64_t>(uint64_t(n));
+  w.put<uint64_t>(p.n_pin);
+  w.put<uint32_t>(uint32_t(p.layers->size()));
+  w.put<uint8_t>(uint8_t(p.tk));
+  w.put<uint8_t>(uint8_t(p.tv));
+  w.put<uint16_t>(0);
+  for (const KvLayerSpec &s : *p.layers) {
+    w.put<uint64_t>(uint64_t(s.row_floats));
+    w.put<uint32_t>(uint32_t(s.window));
+    w.put<uint32_t>(uint32_t(n - first_live(s, n)));
+  }
+  w.bytes(p.tokens->data(), sizeof(int32_t) * p.n());
+  if (p.logits) w.bytes(p.logits, sizeof(float) * p.nv);
+  auto put_sampler = [&](const Sampler::State &st) {
+    for (uint64_t r : st.rng) w.put<uint64_t>(r);
+    w.put<uint64_t>(st.history.size());
+    w.bytes(st.history.data(), sizeof(int32_t) * st.history.size());
+  };
+  put_sampler(*p.sampler);
+  if (p.n_pin > 0) {
+    put_sampler(*p.pin_sampler);
+    w.bytes(p.pin_logits, sizeof(float) * p.nv);
+  }
+  GEIST_RETURN_IF_ERROR(read_kv(base + w.offset()));
+  w.skip(kv_sections_bytes(p));
+  GEIST_CHECK(w.offset() == size, "snapshot size and layout disagree");
+  const uint64_t sum = XXH3_64bits(base + kChecksumFrom, size - kChecksumFrom);
+  std::memcpy(base + 24, &sum, 8);
+  return Status::ok();
+}
+
+std::vector<KvLayerSpec> layer_specs(const KvStore &c) {
+  std::vector<KvLayerSpec> v;
+  v.reserve(size_t(c.n_layers()));
+  for (int l = 0; l < c.n_layers(); ++l) v.push_back(c.spec(l));
+  return v;
+}
+
+}  // namespace
+
+// What restore and load_state hand to commit(): every count and section checked.
+struct Session::Parts {
+  size_t n = 0, n_pin = 0;
+  bool has_logits = false;
+  const uint8_t *tokens = nullptr;      // n int32, any alignment
+  const uint8_t *logits = nullptr;      // n_vocab f32 when has_logits
+  const uint8_t *pin_logits = nullptr;  // n_vocab f32 when n_pin > 0
+  const Sampler::State *sampler = nullptr;
+  // Per layer: the kv section's rows block, and for sliding layers the checkpoint's (the
+  // kv block itself when the pin is at the end); host memory or a KvBuffer's.
+  std::vector<const uint8_t *> kv, ck;
+};
+
+size_t Session::snapshot_size() const {
+  const std::vector<KvLayerSpec> layers = layer_specs(*cache_);
+  ImageParts p;
+  p.layers = &layers;
+  p.tk = cache_->type_k();
+  p.tv = cache_->type_v();
+  p.tokens = &tokens_;
+  p.nv = size_t(n_vocab());
+  p.logits = has_logits_ ? logits_.get() : nullptr;
+  const Sampler::State sst = sampler_.state();
+  p.sampler = &sst;
+  p.n_pin = n_pinned();
+  if (pin_) p.pin_sampler = &pin_->sampler;
+  return image_size(p);
 }
 
 Status Session::snapshot(void *buf, size_t cap, size_t *written) const {
@@ -134,59 +241,239 @@ Status Session::snapshot(void *buf, size_t cap, size_t *written) const {
   }
   if (buf == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "buf is NULL");
   Timer t;
-  const int64_t n = int64_t(tokens_.size());
-  const size_t nv = size_t(n_vocab());
-  const bool live = pin_ && pin_->n == tokens_.size();
-  uint8_t *base = static_cast<uint8_t *>(buf);
-  Writer w(base);
-  w.bytes(kMagic, 8);
-  w.put<uint32_t>(kVersion);
-  w.put<uint32_t>((has_logits_ ? kHasLogits : 0) | (live ? kCheckpointLive : 0));
-  w.put<uint64_t>(size);
-  w.put<uint64_t>(0);  // checksum, filled in last
-  w.put<uint64_t>(model_.fingerprint());
-  w.put<uint64_t>(nv);
-  w.put<uint64_t>(uint64_t(n));
-  w.put<uint64_t>(n_pinned());
-  w.put<uint32_t>(uint32_t(cache_->n_layers()));
-  w.put<uint8_t>(uint8_t(cache_->type_k()));
-  w.put<uint8_t>(uint8_t(cache_->type_v()));
-  w.put<uint16_t>(0);
-  for (int l = 0; l < cache_->n_layers(); ++l) {
-    w.put<uint64_t>(uint64_t(cache_->spec(l).row_floats));
-    w.put<uint32_t>(uint32_t(cache_->spec(l).window));
-    w.put<uint32_t>(uint32_t(n - cache_->first_live(l, n)));
-  }
-  w.bytes(tokens_.data(), sizeof(int32_t) * tokens_.size());
-  if (has_logits_) w.bytes(logits_.get(), sizeof(float) * nv);
-  auto put_sampler = [&](const Sampler::State &st) {
-    for (uint64_t r : st.rng) w.put<uint64_t>(r);
-    w.put<uint64_t>(st.history.size());
-    w.bytes(st.history.data(), sizeof(int32_t) * st.history.size());
-  };
-  put_sampler(sampler_.state());
+  const std::vector<KvLayerSpec> layers = layer_specs(*cache_);
+  const Sampler::State sst = sampler_.state();
+  ImageParts p;
+  p.fingerprint = model_.fingerprint();
+  p.nv = size_t(n_vocab());
+  p.layers = &layers;
+  p.tk = cache_->type_k();
+  p.tv = cache_->type_v();
+  p.tokens = &tokens_;
+  p.logits = has_logits_ ? logits_.get() : nullptr;
+  p.sampler = &sst;
+  p.n_pin = n_pinned();
   if (pin_) {
-    put_sampler(pin_->sampler);
-    w.bytes(pin_->logits.data(), sizeof(float) * nv);
+    p.pin_sampler = &pin_->sampler;
+    p.pin_logits = pin_->logits.data();
   }
-  for (int l = 0; l < cache_->n_layers(); ++l) {
-    const int64_t from = cache_->first_live(l, n);
-    cache_->read_rows(l, from, n, base + w.offset());
-    w.skip(cache_->block_bytes(l, n - from));
-  }
-  if (pin_ && !live) {
-    for (int l = 0; l < cache_->n_layers(); ++l) {
-      if (cache_->spec(l).window == 0) continue;
-      cache_->read_checkpoint(l, int64_t(pin_->n), base + w.offset());
-      w.skip(cache_->block_bytes(l, int64_t(pin_->n) - cache_->first_live(l, int64_t(pin_->n))));
-    }
-  }
-  GEIST_CHECK(w.offset() == size, "snapshot size and layout disagree");
-  const uint64_t sum = XXH3_64bits(base + kChecksumFrom, size - kChecksumFrom);
-  std::memcpy(base + 24, &sum, 8);
+  GEIST_RETURN_IF_ERROR(write_image(p, static_cast<uint8_t *>(buf), [&](uint8_t *dst) {
+    read_kv_sections(dst);
+    return Status::ok();
+  }));
   stats_.snapshot_seconds += t.seconds();
   stats_.n_snapshots += 1;
   return Status::ok();
+}
+
+void Session::read_kv_sections(uint8_t *dst) const {
+  const int64_t n = int64_t(tokens_.size());
+  const bool live = pin_ && pin_->n == tokens_.size();
+  size_t off = 0;
+  for (int l = 0; l < cache_->n_layers(); ++l) {
+    const int64_t from = cache_->first_live(l, n);
+    cache_->read_rows(l, from, n, dst + off);
+    off += cache_->block_bytes(l, n - from);
+  }
+  if (pin_ && !live) {
+    const int64_t np = int64_t(pin_->n);
+    for (int l = 0; l < cache_->n_layers(); ++l) {
+      if (cache_->spec(l).window == 0) continue;
+      cache_->read_checkpoint(l, np, dst + off);
+      off += cache_->block_bytes(l, np - cache_->first_live(l, np));
+    }
+  }
+}
+
+size_t Session::state_kv_bytes() const {
+  const std::vector<KvLayerSpec> layers = layer_specs(*cache_);
+  ImageParts p;
+  p.layers = &layers;
+  p.tk = cache_->type_k();
+  p.tv = cache_->type_v();
+  p.tokens = &tokens_;
+  p.n_pin = n_pinned();
+  return kv_sections_bytes(p);
+}
+
+size_t Session::state_bytes() const {
+  const size_t nv = size_t(n_vocab());
+  size_t b = state_kv_bytes() + sizeof(int32_t) * tokens_.size() + sizeof(KvLayerSpec) * size_t(cache_->n_layers());
+  if (has_logits_) b += sizeof(float) * nv;
+  b += sizeof(int32_t) * sampler_.state().history.size();
+  if (pin_) b += sizeof(float) * nv + sizeof(int32_t) * pin_->sampler.history.size();
+  return b;
+}
+
+Status Session::save_state(SessionState *st) const {
+  if (st == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "state is NULL");
+  Timer t;
+  const size_t kvb = state_kv_bytes(), nv = size_t(n_vocab());
+  // Everything that can fail first (the KV buffer, then host capacity), so that a failed
+  // save leaves *st as it was; the copies below do not allocate.
+  std::unique_ptr<KvBuffer> fresh;
+  if (!st->kv_ || st->kv_->size() < kvb || st->kv_->space() != cache_->space()) {
+    GEIST_ASSIGN_OR_RETURN(fresh, cache_->new_buffer(kvb));
+  }
+  const Sampler::State sst = sampler_.state();
+  st->tokens_.reserve(tokens_.size());
+  if (has_logits_) st->logits_.reserve(nv);
+  st->sampler_.history.reserve(sst.history.size());
+  if (pin_) {
+    st->pin_logits_.reserve(nv);
+    st->pin_sampler_.history.reserve(pin_->sampler.history.size());
+  }
+  st->layers_.reserve(size_t(cache_->n_layers()));
+
+  if (fresh) st->kv_ = std::move(fresh);
+  st->saved_ = true;
+  st->fingerprint_ = model_.fingerprint();
+  st->layers_.clear();
+  for (int l = 0; l < cache_->n_layers(); ++l) st->layers_.push_back(cache_->spec(l));
+  st->type_k_ = cache_->type_k();
+  st->type_v_ = cache_->type_v();
+  st->tokens_.assign(tokens_.begin(), tokens_.end());
+  st->n_vocab_ = nv;
+  st->has_logits_ = has_logits_;
+  if (has_logits_) {
+    st->logits_.assign(logits_.get(), logits_.get() + nv);
+  } else {
+    st->logits_.clear();
+  }
+  for (int i = 0; i < 4; ++i) st->sampler_.rng[i] = sst.rng[i];
+  st->sampler_.history.assign(sst.history.begin(), sst.history.end());
+  st->n_pin_ = n_pinned();
+  if (pin_) {
+    st->pin_logits_.assign(pin_->logits.begin(), pin_->logits.end());
+    for (int i = 0; i < 4; ++i) st->pin_sampler_.rng[i] = pin_->sampler.rng[i];
+    st->pin_sampler_.history.assign(pin_->sampler.history.begin(), pin_->sampler.history.end());
+  } else {
+    st->pin_logits_.clear();
+    st->pin_sampler_.history.clear();
+  }
+  read_kv_sections(st->kv_->data());
+  st->kv_bytes_ = kvb;
+  stats_.snapshot_seconds += t.seconds();
+  stats_.n_snapshots += 1;
+  return Status::ok();
+}
+
+Status Session::load_state(const SessionState &st) {
+  if (st.empty()) return GEIST_ERROR(GEIST_E_STATE, "the state is empty (nothing was saved into it)");
+  Timer t;
+  if (st.fingerprint_ != model_.fingerprint()) {
+    return GEIST_ERROR(GEIST_E_MISMATCH, "state was saved from a session of another model (fingerprint %016llx, this "
+                       "model %016llx)", (unsigned long long)st.fingerprint_, (unsigned long long)model_.fingerprint());
+  }
+  if (st.n_vocab_ != size_t(n_vocab()) || st.layers_.size() != size_t(cache_->n_layers())) {
+    return GEIST_ERROR(GEIST_E_MISMATCH, "state geometry (%zu layers, vocabulary %zu) differs from the model's (%d, "
+                       "%lld)", st.layers_.size(), st.n_vocab_, cache_->n_layers(), (long long)n_vocab());
+  }
+  for (int l = 0; l < cache_->n_layers(); ++l) {
+    const KvLayerSpec &s = st.layers_[size_t(l)];
+    if (s.row_floats != cache_->spec(l).row_floats || s.window != cache_->spec(l).window) {
+      return GEIST_ERROR(GEIST_E_MISMATCH, "state layer %d has KV rows of %lld floats, window %d; the model's are "
+                         "%lld, %d", l, (long long)s.row_floats, s.window, (long long)cache_->spec(l).row_floats,
+                         cache_->spec(l).window);
+    }
+  }
+  if (st.type_k_ != cache_->type_k() || st.type_v_ != cache_->type_v()) {
+    return GEIST_ERROR(GEIST_E_MISMATCH, "state has a KV cache of %s K / %s V rows; this session's is %s / %s",
+                       kv_type_name(st.type_k_), kv_type_name(st.type_v_), kv_type_name(cache_->type_k()),
+                       kv_type_name(cache_->type_v()));
+  }
+  if (st.kv_->space() != cache_->space()) {
+    return GEIST_ERROR(GEIST_E_MISMATCH, "state's KV rows are in %s memory; this session's are in %s memory",
+                       st.kv_->space() < 0 ? "host" : ("GPU " + std::to_string(st.kv_->space())).c_str(),
+                       cache_->space() < 0 ? "host" : ("GPU " + std::to_string(cache_->space())).c_str());
+  }
+  if (st.tokens_.size() > size_t(cache_->n_ctx())) {
+    return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "state holds %zu tokens; this session's context is %lld",
+                       st.tokens_.size(), (long long)cache_->n_ctx());
+  }
+  Parts p;
+  p.n = st.tokens_.size();
+  p.n_pin = st.n_pin_;
+  p.has_logits = st.has_logits_;
+  p.tokens = reinterpret_cast<const uint8_t *>(st.tokens_.data());
+  p.logits = reinterpret_cast<const uint8_t *>(st.logits_.data());
+  p.pin_logits = reinterpret_cast<const uint8_t *>(st.pin_logits_.data());
+  p.sampler = &st.sampler_;
+  const int64_t n = int64_t(p.n), np = int64_t(p.n_pin);
+  const bool live = np > 0 && np == n;
+  p.kv.assign(size_t(cache_->n_layers()), nullptr);
+  p.ck.assign(size_t(cache_->n_layers()), nullptr);
+  const uint8_t *base = st.kv_->data();
+  size_t off = 0;
+  for (int l = 0; l < cache_->n_layers(); ++l) {
+    p.kv[size_t(l)] = base + off;
+    off += cache_->block_bytes(l, n - cache_->first_live(l, n));
+  }
+  for (int l = 0; l < cache_->n_layers(); ++l) {
+    if (np == 0 || cache_->spec(l).window == 0) continue;
+    if (live) {
+      p.ck[size_t(l)] = p.kv[size_t(l)];
+    } else {
+      p.ck[size_t(l)] = base + off;
+      off += cache_->block_bytes(l, np - cache_->first_live(l, np));
+    }
+  }
+  GEIST_CHECK(off == st.kv_bytes_, "state KV layout and size disagree");
+  Sampler::State pst;
+  pst.history.reserve(st.pin_sampler_.history.size());
+  for (int i = 0; i < 4; ++i) pst.rng[i] = st.pin_sampler_.rng[i];
+  pst.history.assign(st.pin_sampler_.history.begin(), st.pin_sampler_.history.end());
+  commit(p, std::move(pst));
+  stats_.restore_seconds += t.seconds();
+  stats_.n_restores += 1;
+  return Status::ok();
+}
+
+size_t SessionState::bytes() const {
+  return sizeof(int32_t) * tokens_.capacity() + sizeof(float) * (logits_.capacity() + pin_logits_.capacity()) +
+         sizeof(int32_t) * (sampler_.history.capacity() + pin_sampler_.history.capacity()) +
+         sizeof(KvLayerSpec) * layers_.capacity() + (kv_ ? kv_->size() : 0);
+}
+
+namespace {
+ImageParts state_parts(const std::vector<KvLayerSpec> &layers, KvType tk, KvType tv, const std::vector<int32_t> &tokens,
+                       size_t nv, const float *logits, const Sampler::State &sampler, size_t n_pin,
+                       const Sampler::State &pin_sampler, const float *pin_logits, uint64_t fingerprint) {
+  ImageParts p;
+  p.fingerprint = fingerprint;
+  p.nv = nv;
+  p.layers = &layers;
+  p.tk = tk;
+  p.tv = tv;
+  p.tokens = &tokens;
+  p.logits = logits;
+  p.sampler = &sampler;
+  p.n_pin = n_pin;
+  p.pin_sampler = &pin_sampler;
+  p.pin_logits = pin_logits;
+  return p;
+}
+}  // namespace
+
+size_t SessionState::snapshot_size() const {
+  if (!saved_) return 0;
+  return image_size(state_parts(layers_, type_k_, type_v_, tokens_, n_vocab_, has_logits_ ? logits_.data() : nullptr,
+                                sampler_, n_pin_, pin_sampler_, pin_logits_.data(), fingerprint_));
+}
+
+Status SessionState::snapshot(void *buf, size_t cap, size_t *written) const {
+  if (written == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "written is NULL");
+  if (!saved_) return GEIST_ERROR(GEIST_E_STATE, "the state is empty (nothing was saved into it)");
+  const ImageParts p = state_parts(layers_, type_k_, type_v_, tokens_, n_vocab_,
+                                   has_logits_ ? logits_.data() : nullptr, sampler_, n_pin_, pin_sampler_,
+                                   pin_logits_.data(), fingerprint_);
+  const size_t size = image_size(p);
+  *written = size;
+  if (cap < size) {
+    return GEIST_ERROR(GEIST_E_BUFFER_TOO_SMALL, "the snapshot needs %zu bytes, the buffer holds %zu", size, cap);
+  }
+  if (buf == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "buf is NULL");
+  return write_image(p, static_cast<uint8_t *>(buf), [&](uint8_t *dst) { return kv_->read(0, kv_bytes_, dst); });
 }
 
 Status Session::restore(const void *buf, size_t size) {
@@ -305,38 +592,61 @@ Status Session::restore(const void *buf, size_t size) {
     }
   }
 
-  // Everything is validated. Stage what needs memory, then commit: nothing below the
-  // sampler's set_state fails, and that leaves the session unchanged if it does. A serving
-  // loop restores the same image before every request, so the session's own buffers (the
-  // tokens, the pin's logits and sampler history) already have the capacity and are
-  // overwritten in place, and the checkpoint rows go to the KV store's own checkpoint
-  // (reserved with the store): a restore then allocates only the sampler's history. (Building a new pin every time, ~8 MiB on Gemma 3 270M, and freeing the old
-  // one after, left the heap holding both: RSS rose for the first requests; issue 12,
-  // finding 11.)
+  Parts p;
+  p.n = size_t(n);
+  p.n_pin = size_t(n_pin);
+  p.has_logits = has_logits;
+  p.tokens = tok;
+  p.logits = logits;
+  p.pin_logits = pin_logits;
+  p.sampler = &sst;
+  p.kv = std::move(kv);
+  p.ck = std::move(ck);
+  if (live) {
+    for (int l = 0; l < cache_->n_layers(); ++l) {
+      if (cache_->spec(l).window > 0) p.ck[size_t(l)] = p.kv[size_t(l)];
+    }
+  }
+  commit(p, std::move(pst));
+  stats_.restore_seconds += t.seconds();
+  stats_.n_restores += 1;
+  return Status::ok();
+}
+
+// Everything is validated. Stage what needs memory, then commit: nothing below the
+// sampler's set_state fails, and that leaves the session unchanged if it does. A serving
+// loop restores the same image before every request, so the session's own buffers (the
+// tokens, the pin's logits and sampler history) already have the capacity and are
+// overwritten in place, and the checkpoint rows go to the KV store's own checkpoint
+// (reserved with the store): a restore then allocates only the sampler's history.
+// (Building a new pin every time, ~8 MiB on Gemma 3 270M, and freeing the old one after,
+// left the heap holding both: RSS rose for the first requests; issue 12, finding 11.)
+void Session::commit(const Parts &p, Sampler::State &&pst) {
+  const size_t nv = size_t(n_vocab());
   std::vector<int32_t> new_tokens;
-  if (tokens_.capacity() < n) new_tokens.reserve(n);
-  const bool reuse_pin = n_pin > 0 && pin_ && pin_->logits.capacity() >= nv &&
+  if (tokens_.capacity() < p.n) new_tokens.reserve(p.n);
+  const bool reuse_pin = p.n_pin > 0 && pin_ && pin_->logits.capacity() >= nv &&
                          pin_->sampler.history.capacity() >= pst.history.size();
   std::unique_ptr<Pin> new_pin;
-  if (n_pin > 0 && !reuse_pin) {
+  if (p.n_pin > 0 && !reuse_pin) {
     new_pin = std::make_unique<Pin>();
     new_pin->logits.reserve(nv);
   }
-  sampler_.set_state(sst);  // the last step that can fail (strong guarantee)
+  sampler_.set_state(*p.sampler);  // the last step that can fail (strong guarantee)
 
   // Commit (no allocation below: every resize is within capacity).
   if (new_tokens.capacity() > 0) tokens_.swap(new_tokens);
-  tokens_.resize(n);
-  if (n) std::memcpy(tokens_.data(), tok, n * 4);
-  if (has_logits) std::memcpy(logits_.get(), logits, nv * 4);
-  has_logits_ = has_logits;
+  tokens_.resize(p.n);
+  if (p.n) std::memcpy(tokens_.data(), p.tokens, p.n * 4);
+  if (p.has_logits) std::memcpy(logits_.get(), p.logits, nv * 4);
+  has_logits_ = p.has_logits;
   if (new_pin) pin_ = std::move(new_pin);
-  if (n_pin == 0) pin_.reset();
+  if (p.n_pin == 0) pin_.reset();
   if (pin_) {
     Pin &pin = *pin_;
-    pin.n = n_pin;
+    pin.n = p.n_pin;
     pin.logits.resize(nv);
-    std::memcpy(pin.logits.data(), pin_logits, nv * 4);
+    std::memcpy(pin.logits.data(), p.pin_logits, nv * 4);
     for (int i = 0; i < 4; ++i) pin.sampler.rng[i] = pst.rng[i];
     if (pin.sampler.history.capacity() >= pst.history.size()) {
       pin.sampler.history.assign(pst.history.begin(), pst.history.end());
@@ -345,21 +655,17 @@ Status Session::restore(const void *buf, size_t size) {
     }
   }
   // The checkpoint rows to the store's checkpoint and to the rings, then the live rows, so
-  // each ring slot ends holding the latest position, as after an uninterrupted run. live:
-  // the checkpoint rows are the kv section's rows (same positions).
+  // each ring slot ends holding the latest position, as after an uninterrupted run.
+  const int64_t n = int64_t(p.n), np = int64_t(p.n_pin);
   for (int l = 0; l < cache_->n_layers(); ++l) {
     if (pin_ && cache_->spec(l).window > 0) {
-      const uint8_t *rows = live ? kv[l] : ck[l];
-      cache_->write_checkpoint(l, int64_t(n_pin), rows);
-      cache_->write_rows(l, cache_->first_live(l, int64_t(n_pin)), int64_t(n_pin), rows);
+      const uint8_t *rows = p.ck[size_t(l)];
+      cache_->write_checkpoint(l, np, rows);
+      cache_->write_rows(l, cache_->first_live(l, np), np, rows);
     }
-    const int64_t from = cache_->first_live(l, int64_t(n));
-    cache_->write_rows(l, from, int64_t(n), kv[l]);  // copies with memcpy: no alignment needed
+    cache_->write_rows(l, cache_->first_live(l, n), n, p.kv[size_t(l)]);  // no alignment needed
   }
-  cache_->n_past = int64_t(n);
-  stats_.restore_seconds += t.seconds();
-  stats_.n_restores += 1;
-  return Status::ok();
+  cache_->n_past = n;
 }
 
 Status Session::save_file(const std::string &path) const {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <string>
 
 #include "backends/backend.h"
@@ -20,6 +21,25 @@
 
 namespace geist {
 namespace {
+
+// A KvBuffer in host memory (left uninitialised: a state's save writes it whole).
+class HostKvBuffer final : public KvBuffer {
+ public:
+  static Result<std::unique_ptr<KvBuffer>> create(size_t bytes) {
+    uint8_t *p = new (std::nothrow) uint8_t[std::max<size_t>(bytes, 1)];
+    if (p == nullptr) return GEIST_ERROR(GEIST_E_OUT_OF_MEMORY, "cannot allocate %zu bytes for a session state", bytes);
+    return std::unique_ptr<KvBuffer>(new HostKvBuffer(p, bytes));
+  }
+  ~HostKvBuffer() override { delete[] data(); }
+  Status read(size_t off, size_t n, void *host) const override {
+    if (off > size() || n > size() - off) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "KvBuffer::read out of range");
+    if (n) std::memcpy(host, data() + off, n);
+    return Status::ok();
+  }
+
+ private:
+  HostKvBuffer(uint8_t *p, size_t n) : KvBuffer(p, n, -1) {}
+};
 
 // K and V rings of every layer in the store's types (kv_type.h), then the pin checkpoint's
 // rings (W - 1 positions of each sliding layer, also addressed by position), in one
@@ -60,6 +80,7 @@ class CpuKvStore final : public KvStore {
   }
 
   size_t bytes_reserved() const override { return bytes_; }
+  Result<std::unique_ptr<KvBuffer>> new_buffer(size_t bytes) const override { return HostKvBuffer::create(bytes); }
   const uint8_t *k(int l) const { return main_[l].k; }
   const uint8_t *v(int l) const { return main_[l].v; }
 

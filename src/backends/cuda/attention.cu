@@ -786,27 +786,27 @@ Status kv_copy_positions(KvType t, const void *src_ring, int64_t src_capacity, v
 }
 
 Status kv_read_positions(KvType t, const void *ring, int64_t capacity, int64_t row_elems, int64_t from, int64_t to,
-                         void *host_dst, CudaStream s) {
+                         void *dst, CudaStream s) {
   GEIST_RETURN_IF_ERROR(check_ring(t, ring, capacity, row_elems, "cuda::kv_read_positions"));
-  if (from < 0 || to < from || to - from > capacity || (to > from && host_dst == nullptr)) {
+  if (from < 0 || to < from || to - from > capacity || (to > from && dst == nullptr)) {
     return bad_arg("cuda::kv_read_positions: bad position range or null buffer");
   }
   return for_each_run(capacity, kv_row_bytes(t, row_elems), from, to, [&](size_t ring_off, size_t off, size_t bytes) {
-    return cuda_status(cudaMemcpyAsync(static_cast<uint8_t *>(host_dst) + off,
-                                       static_cast<const uint8_t *>(ring) + ring_off, bytes, cudaMemcpyDeviceToHost, s),
+    return cuda_status(cudaMemcpyAsync(static_cast<uint8_t *>(dst) + off,
+                                       static_cast<const uint8_t *>(ring) + ring_off, bytes, cudaMemcpyDefault, s),
                        "cuda::kv_read_positions");
   });
 }
 
 Status kv_write_positions(KvType t, void *ring, int64_t capacity, int64_t row_elems, int64_t from, int64_t to,
-                          const void *host_src, CudaStream s) {
+                          const void *src, CudaStream s) {
   GEIST_RETURN_IF_ERROR(check_ring(t, ring, capacity, row_elems, "cuda::kv_write_positions"));
-  if (from < 0 || to < from || to - from > capacity || (to > from && host_src == nullptr)) {
+  if (from < 0 || to < from || to - from > capacity || (to > from && src == nullptr)) {
     return bad_arg("cuda::kv_write_positions: bad position range or null buffer");
   }
   return for_each_run(capacity, kv_row_bytes(t, row_elems), from, to, [&](size_t ring_off, size_t off, size_t bytes) {
     return cuda_status(cudaMemcpyAsync(static_cast<uint8_t *>(ring) + ring_off,
-                                       static_cast<const uint8_t *>(host_src) + off, bytes, cudaMemcpyHostToDevice, s),
+                                       static_cast<const uint8_t *>(src) + off, bytes, cudaMemcpyDefault, s),
                        "cuda::kv_write_positions");
   });
 }

@@ -34,6 +34,40 @@ Status on_device(const Status &s, const std::string &device, const char *what) {
   return Status(s.code(), std::string(what) + " on " + device + ": " + s.message());
 }
 
+// A KvBuffer in device memory. read() copies out on a stream of its own (a non-blocking
+// one: it waits for nothing a session runs, and no session waits for it).
+class DeviceKvBuffer final : public KvBuffer {
+ public:
+  static Result<std::unique_ptr<KvBuffer>> create(size_t bytes, int device, const std::string &name) {
+    GEIST_RETURN_IF_ERROR(on_device(cuda::set_device(device), name, "selecting the device"));
+    Result<void *> p = cuda::device_alloc(std::max<size_t>(bytes, 1));
+    if (!p) {
+      return GEIST_ERROR(GEIST_E_OUT_OF_MEMORY, "a session state of %.1f MiB does not fit on %s: %s",
+                         double(bytes) / 1048576.0, name.c_str(), p.status().message().c_str());
+    }
+    return std::unique_ptr<KvBuffer>(new DeviceKvBuffer(static_cast<uint8_t *>(*p), bytes, device, name));
+  }
+  ~DeviceKvBuffer() override {
+    if (cuda::set_device(space()).is_ok()) cuda::device_free(data());
+  }
+  Status read(size_t off, size_t n, void *host) const override {
+    if (off > size() || n > size() - off) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "KvBuffer::read out of range");
+    if (n == 0) return Status::ok();
+    GEIST_RETURN_IF_ERROR(on_device(cuda::set_device(space()), name_, "selecting the device"));
+    Result<CudaStream> st = cuda::stream_create();
+    if (!st) return on_device(st.status(), name_, "creating a stream");
+    Status s = cuda::download_async(host, data() + off, n, *st);
+    if (s.is_ok()) s = cuda::stream_sync(*st);
+    cuda::stream_destroy(*st);
+    return on_device(s, name_, "copying a session state to the host");
+  }
+
+ private:
+  DeviceKvBuffer(uint8_t *p, size_t n, int device, std::string name)
+      : KvBuffer(p, n, device), name_(std::move(name)) {}
+  std::string name_;
+};
+
 class CudaKvStore final : public KvStore {
  public:
   CudaKvStore(const std::vector<KvLayerSpec> &layers, int64_t n_ctx, int max_chunk, KvType tk, KvType tv,
@@ -72,14 +106,19 @@ class CudaKvStore final : public KvStore {
   }
 
   size_t bytes_reserved() const override { return bytes_; }
+  int space() const override { return device_; }
+  Result<std::unique_ptr<KvBuffer>> new_buffer(size_t bytes) const override {
+    return DeviceKvBuffer::create(bytes, device_, name_);
+  }
   void *k(int l) const { return rings_[2 * size_t(l)]; }
   void *v(int l) const { return rings_[2 * size_t(l) + 1]; }
   void *ck(int l) const { return rings_[2 * size_t(n_layers() + l)]; }
   void *cv(int l) const { return rings_[2 * size_t(n_layers() + l) + 1]; }
   int device() const { return device_; }
 
-  // Host copies by position. The session calls these between forward passes, which end
-  // synchronized, so the legacy stream's synchronous copies see every row.
+  // Copies by position to and from host memory or a DeviceKvBuffer (device to device). The
+  // session calls these between forward passes, which end synchronized, so the legacy
+  // stream's copies see every row.
   void read_rows(int l, int64_t from, int64_t to, void *dst) const override {
     if (to <= from) return;
     uint8_t *d = static_cast<uint8_t *>(dst);

@@ -184,13 +184,14 @@ Status kv_append(KvType t, void *ring, int64_t capacity, int64_t row_elems, cons
 // p % src_capacity (the bytes, same type). to - from <= both capacities. (Pin checkpoints.)
 Status kv_copy_positions(KvType t, const void *src_ring, int64_t src_capacity, void *dst_ring,
                          int64_t dst_capacity, int64_t row_elems, int64_t from, int64_t to, CudaStream s);
-// Ring <-> host, by position: the rows of [from, to) as one dense block of
-// (to - from) * kv_row_bytes(t, row_elems) bytes, in position order. (Snapshots.)
-// to - from <= capacity. The host buffer must stay valid until the stream passes the call.
+// Ring <-> a dense block, by position: the rows of [from, to) as one block of
+// (to - from) * kv_row_bytes(t, row_elems) bytes, in position order. (Snapshots, and saved
+// session states.) to - from <= capacity. The block is host memory or device memory (the
+// direction follows from the pointers); it must stay valid until the stream passes the call.
 Status kv_read_positions(KvType t, const void *ring, int64_t capacity, int64_t row_elems, int64_t from,
-                         int64_t to, void *host_dst, CudaStream s);
+                         int64_t to, void *dst, CudaStream s);
 Status kv_write_positions(KvType t, void *ring, int64_t capacity, int64_t row_elems, int64_t from, int64_t to,
-                          const void *host_src, CudaStream s);
+                          const void *src, CudaStream s);
 
 // ---- attention ------------------------------------------------------------------------------
 
