@@ -223,17 +223,29 @@ TEST(ServeApiUnit, StopStringsSpanPiecesAndAreNeverEmitted) {
   EXPECT_EQ(m.flush(), "");
 }
 
-std::shared_ptr<std::vector<uint8_t>> image(size_t n) {
-  return std::make_shared<std::vector<uint8_t>>(n, uint8_t(7));
+// The cache's bookkeeping over plain byte images (the server's are api::State).
+struct Bytes : std::vector<uint8_t> {
+  using std::vector<uint8_t>::vector;
+};
+size_t image_bytes(const Bytes &b) { return b.capacity(); }
+std::shared_ptr<Bytes> new_image(size_t n, Bytes *) {
+  auto b = std::make_shared<Bytes>();
+  b->reserve(n);
+  return b;
+}
+using ByteCache = PrefixCacheOf<Bytes>;
+
+std::shared_ptr<Bytes> image(size_t n) {
+  return std::make_shared<Bytes>(n, uint8_t(7));
 }
 
 TEST(ServeApiUnit, PrefixCacheFindsTheLongestPrefix) {
-  PrefixCache c(1 << 20);
+  ByteCache c(1 << 20);
   ASSERT_TRUE(c.insert({1, 2, 3}, image(10)));
   ASSERT_TRUE(c.insert({1, 2, 3, 4, 5}, image(10)));
   ASSERT_TRUE(c.insert({1, 9}, image(10)));
   const int32_t p[] = {1, 2, 3, 4, 5, 6};
-  const PrefixCache::Entry *e = c.find_longest_prefix(p, 6, 6);
+  const ByteCache::Entry *e = c.find_longest_prefix(p, 6, 6);
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->tokens.size(), 5u);
   e = c.find_longest_prefix(p, 6, 4);  // capped length
@@ -250,9 +262,9 @@ TEST(ServeApiUnit, PrefixCacheFindsTheLongestPrefix) {
 }
 
 TEST(ServeApiUnit, PrefixCacheHoldsItsByteCapAndEvictsLeastRecentlyUsed) {
-  const size_t cost = PrefixCache::entry_cost(2, 1000);
-  EXPECT_EQ(cost, 1000 + 2 * sizeof(int32_t) + PrefixCache::kEntryOverhead);
-  PrefixCache c(3 * cost);  // room for exactly three
+  const size_t cost = ByteCache::entry_cost(2, 1000);
+  EXPECT_EQ(cost, 1000 + 2 * sizeof(int32_t) + ByteCache::kEntryOverhead);
+  ByteCache c(3 * cost);  // room for exactly three
   for (int32_t k = 0; k < 3; ++k) {
     ASSERT_TRUE(c.make_room(cost));
     ASSERT_TRUE(c.insert({k, k}, image(1000)));
@@ -275,43 +287,43 @@ TEST(ServeApiUnit, PrefixCacheHoldsItsByteCapAndEvictsLeastRecentlyUsed) {
   // Many inserts of varying size never exceed the cap.
   for (int32_t k = 0; k < 200; ++k) {
     const size_t n = 100 + size_t(k * 37 % 900);
-    if (c.make_room(PrefixCache::entry_cost(1, n))) c.insert({100 + k}, image(n));
+    if (c.make_room(ByteCache::entry_cost(1, n))) c.insert({100 + k}, image(n));
     ASSERT_LE(c.bytes(), c.capacity());
   }
-  PrefixCache off(0);
+  ByteCache off(0);
   EXPECT_FALSE(off.make_room(1));
 }
 
 TEST(ServeApiUnit, PrefixCacheImageCapacityRoundsUpByAtMostAnEighth) {
-  EXPECT_EQ(PrefixCache::image_capacity(0), 0u);
-  EXPECT_EQ(PrefixCache::image_capacity(1), 1u);
-  EXPECT_EQ(PrefixCache::image_capacity(size_t(16) << 20), size_t(16) << 20);
-  EXPECT_EQ(PrefixCache::image_capacity((size_t(16) << 20) + 1), size_t(18)
+  EXPECT_EQ(image_capacity(0), 0u);
+  EXPECT_EQ(image_capacity(1), 1u);
+  EXPECT_EQ(image_capacity(size_t(16) << 20), size_t(16) << 20);
+  EXPECT_EQ(image_capacity((size_t(16) << 20) + 1), size_t(18)
                                                                      << 20);  // steps of 2 MiB
   for (size_t n :
        {size_t(7), size_t(1000), size_t(123457), size_t(20600000), SIZE_MAX - 5, SIZE_MAX}) {
-    const size_t c = PrefixCache::image_capacity(n);
+    const size_t c = image_capacity(n);
     EXPECT_GE(c, n) << n;
     EXPECT_LE(c - n, n / 8) << n;
   }
 }
 
 // Collects the cache's image buffers (capacity charged) to compare with bytes().
-size_t charged(const PrefixCache &c) {
+size_t charged(const ByteCache &c) {
   size_t b = 0;
-  for (const PrefixCache::Entry &e : c.entries())
-    b += PrefixCache::entry_cost(e.tokens.size(), e.image->capacity());
+  for (const ByteCache::Entry &e : c.entries())
+    b += ByteCache::entry_cost(e.tokens.size(), e.image->capacity());
   return b;
 }
 
 TEST(ServeApiUnit, PrefixCacheTakesImagesIntoEvictedBuffersWithinItsCap) {
-  const size_t n = 100000, want = PrefixCache::image_capacity(n);
+  const size_t n = 100000, want = image_capacity(n);
   ASSERT_EQ(want, 106496u);  // 13 x 8192, the eighth of 65536
-  const size_t cost = PrefixCache::entry_cost(2, want);
-  PrefixCache c(2 * cost);  // room for exactly two
+  const size_t cost = ByteCache::entry_cost(2, want);
+  ByteCache c(2 * cost);  // room for exactly two
   std::vector<const uint8_t *> data;
   for (int32_t k = 0; k < 2; ++k) {
-    std::shared_ptr<std::vector<uint8_t>> b = c.image_buffer(2, n);
+    std::shared_ptr<Bytes> b = c.image_buffer(2, n);
     ASSERT_NE(b, nullptr);
     EXPECT_EQ(b->capacity(), want);  // reserved at the rounded size, nothing to reuse yet
     b->assign(n, uint8_t(k));
@@ -321,12 +333,12 @@ TEST(ServeApiUnit, PrefixCacheTakesImagesIntoEvictedBuffersWithinItsCap) {
   EXPECT_EQ(c.buffers_reused(), 0u);
   EXPECT_EQ(c.bytes(), 2 * cost);
   // Full: a slightly longer image takes the buffer of the entry evicted for it ({0,0}).
-  std::shared_ptr<std::vector<uint8_t>> b = c.image_buffer(2, n + 10);
+  std::shared_ptr<Bytes> b = c.image_buffer(2, n + 10);
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(c.evictions(), 1u);
   EXPECT_EQ(c.buffers_reused(), 1u);
   EXPECT_EQ(b->data(), data[0]);
-  EXPECT_LE(c.bytes() + PrefixCache::entry_cost(2, b->capacity()), c.capacity());
+  EXPECT_LE(c.bytes() + ByteCache::entry_cost(2, b->capacity()), c.capacity());
   b->resize(n + 10);
   ASSERT_TRUE(c.insert({2, 2}, b));
   EXPECT_EQ(b->data(), data[0]);  // no reallocation
@@ -334,7 +346,7 @@ TEST(ServeApiUnit, PrefixCacheTakesImagesIntoEvictedBuffersWithinItsCap) {
   // An image someone else still holds (a pending disk write) is evicted but not reused,
   // and keeps its bytes.
   std::shared_ptr<const std::vector<uint8_t>> held;
-  for (const PrefixCache::Entry &e : c.entries())
+  for (const ByteCache::Entry &e : c.entries())
     if (e.tokens == std::vector<int32_t>{1, 1}) held = e.image;
   ASSERT_NE(held, nullptr);
   b = c.image_buffer(2, n);
@@ -344,7 +356,7 @@ TEST(ServeApiUnit, PrefixCacheTakesImagesIntoEvictedBuffersWithinItsCap) {
   EXPECT_NE(b->data(), held->data());
   EXPECT_EQ(*held, std::vector<uint8_t>(n, uint8_t(1)));
   // A buffer far larger than the image needs is not taken for it.
-  PrefixCache big(PrefixCache::entry_cost(1, 8 * want));
+  ByteCache big(ByteCache::entry_cost(1, 8 * want));
   ASSERT_TRUE(big.insert({1}, image(8 * want)));
   b = big.image_buffer(1, n);
   ASSERT_NE(b, nullptr);
@@ -358,13 +370,13 @@ TEST(ServeApiUnit, PrefixCacheTakesImagesIntoEvictedBuffersWithinItsCap) {
 TEST(ServeApiUnit, PrefixCacheReusingBuffersNeverExceedsItsCap) {
   // Images of varying length through a cache of a few entries: what it charges is what its
   // buffers hold, and that plus the buffer being filled never exceeds the cap.
-  PrefixCache c(5 * PrefixCache::entry_cost(4, 80000));
+  ByteCache c(5 * ByteCache::entry_cost(4, 80000));
   for (int32_t k = 0; k < 400; ++k) {
     const size_t n = 20000 + size_t(k * 7919 % 60000);
-    std::shared_ptr<std::vector<uint8_t>> b = c.image_buffer(4, n);
+    std::shared_ptr<Bytes> b = c.image_buffer(4, n);
     ASSERT_NE(b, nullptr);
     ASSERT_GE(b->capacity(), n);
-    ASSERT_LE(c.bytes() + PrefixCache::entry_cost(4, b->capacity()), c.capacity()) << k;
+    ASSERT_LE(c.bytes() + ByteCache::entry_cost(4, b->capacity()), c.capacity()) << k;
     const uint8_t *p = b->data();
     b->resize(n);
     ASSERT_TRUE(p == nullptr || b->data() == p) << k;  // filled in place

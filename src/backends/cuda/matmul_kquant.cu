@@ -1648,12 +1648,15 @@ int kquant_matvec_max_rows() {
   return v;
 }
 
-// Up to 32 rows: NB = ceil(rows / 8) B tiles per warp. 16 by default: measured on the H200
-// (E4B, ms per prefill call of 9 / 12 / 16 rows: 7.63 / 7.89 / 8.08 with the few-rows kernel
-// from 9 rows, 6.87 / 7.27 / 7.86 with this one; 16 sessions' batched decode 1213 -> 1237
-// tokens/s). GEIST_CUDA_MVMMA_ROWS=32 gives it 17-32 rows too (three and four B tiles).
+// Up to 32 rows (the default): NB = ceil(rows / 8) B tiles per warp. Measured on the H200
+// (E4B, ms per prefill call, few-rows kernel -> this one): 9 / 12 / 16 rows 7.63 / 7.89 /
+// 8.08 -> 6.87 / 7.27 / 7.86; with 17-32 rows too (8cf76e3's opt-in shared memory for the
+// P > 1 terms) 17 / 20 / 24 / 25 / 31 / 32 rows 10.94 / 11.01 / 11.39 / 11.81 / 12.12 /
+// 12.37 -> 8.26 / 8.70 / 9.28 / 9.83 / 10.51 / 11.09, every count of 16-32 within 5 % of the
+// line; 32 sessions' batched decode 1807 -> 1990 tokens/s. GEIST_CUDA_MVMMA_ROWS=16 is the
+// previous default, 0 turns it off.
 int kquant_mvmma_max_rows() {
-  static const int v = std::min(env_int("GEIST_CUDA_MVMMA_ROWS", 16), 32);
+  static const int v = std::min(env_int("GEIST_CUDA_MVMMA_ROWS", 32), 32);
   return v;
 }
 

@@ -11,7 +11,7 @@ namespace geist::cuda {
 // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 bool kquant_fast_path(quant::GgmlType t);
 // Row counts each kernel takes (tuning knobs, no effect on the bits): on sm_80 and later up
-// to GEIST_CUDA_MVMMA_ROWS (default 16, at most 32: ceil(rows / 8) B tiles per warp) the
+// to GEIST_CUDA_MVMMA_ROWS (default and most 32: ceil(rows / 8) B tiles per warp) the
 // tensor-core matrix-vector kernel;
 // else up to GEIST_CUDA_MATVEC_ROWS (default 2) the dp4a matvec; up to
 // GEIST_CUDA_SKINNY_ROWS (default 32; 64 with GEIST_CUDA_WTILE=0) the few-rows MMA kernel;

@@ -121,14 +121,14 @@ std::vector<DiskCache::File> DiskCache::read_all(size_t max_bytes) const {
   return out;
 }
 
-void DiskCache::put(uint64_t hash, std::shared_ptr<const std::vector<uint8_t>> image) {
+void DiskCache::put(uint64_t hash, std::shared_ptr<const api::State> state) {
   std::lock_guard<std::mutex> lk(mu_);
   if (stop_ || !thread_.joinable()) return;
   if (pending_.size() >= kMaxPending) {
     ++dropped_;
     return;
   }
-  pending_.emplace_back(hash, std::move(image));
+  pending_.emplace_back(hash, std::move(state));
   cv_.notify_all();
 }
 
@@ -162,7 +162,7 @@ uint64_t DiskCache::dropped() const {
 
 void DiskCache::writer() {
   for (;;) {
-    std::pair<uint64_t, std::shared_ptr<const std::vector<uint8_t>>> job;
+    std::pair<uint64_t, std::shared_ptr<const api::State>> job;
     std::vector<uint64_t> touches;
     {
       std::unique_lock<std::mutex> lk(mu_);
@@ -183,11 +183,19 @@ void DiskCache::writer() {
   }
 }
 
-void DiskCache::write_one(uint64_t hash, const std::vector<uint8_t> &image) {
+void DiskCache::write_one(uint64_t hash, const api::State &state) {
   const std::string path = path_of(hash);
   std::error_code ec;
   if (fs::exists(fs::symlink_status(path, ec))) return;  // the same prefix is already there
   if (api::Error e = api::snapshot_file_check(path)) {
+    std::fprintf(stderr, "geist serve: warning: not writing the cache file: %s\n",
+                 e.message.c_str());
+    return;
+  }
+  // The state's image (its KV rows come to the host here, on this thread, off the
+  // requests' path); freed when the file is written.
+  std::vector<uint8_t> image;
+  if (api::Error e = state.snapshot(&image)) {
     std::fprintf(stderr, "geist serve: warning: not writing the cache file: %s\n",
                  e.message.c_str());
     return;

@@ -1,10 +1,11 @@
 // The disk tier of the prefix cache (--cache-dir): each cache entry is also written to
 // DIR/<16 hex digits of tokens_hash>.geistsnap, a plain session snapshot (checksummed,
-// docs/SNAPSHOT.md), so a restarted server answers a known prefix warm.
+// docs/SNAPSHOT.md) made from the entry's saved state on the writer thread, so a restarted
+// server answers a known prefix warm.
 // - Writes run on a thread of their own, atomically (a temporary file, fsync, rename,
 //   fsync of the directory) and only over a path that geist_snapshot_file_check allows
 //   (absent, empty, or already a geist snapshot): a file geist did not write is never
-//   replaced. At most kMaxPending images wait; more are dropped (an entry is optional).
+//   replaced. At most kMaxPending states wait; more are dropped (an entry is optional).
 // - A file's modification time is its entry's last use: put() writes it, touch() (a
 //   request that restored the entry, or found it already cached) sets it to now. So
 //   "newest" below means most recently used, not most recently written: a shared prefix
@@ -50,8 +51,10 @@ class DiskCache {
   // validated: the caller restores each before trusting it).
   std::vector<File> read_all(size_t max_bytes) const;
 
-  // Queues image (the snapshot of tokens with this hash) for writing.
-  void put(uint64_t hash, std::shared_ptr<const std::vector<uint8_t>> image);
+  // Queues the state (of tokens with this hash) for writing as a snapshot file. The
+  // caller does not save into it while it is shared (the cache reuses only images no one
+  // else holds).
+  void put(uint64_t hash, std::shared_ptr<const api::State> state);
   // Marks the entry file of this hash used now (its modification time; on the writer
   // thread, after the writes queued before). Nothing if there is no such file of ours.
   void touch(uint64_t hash);
@@ -63,7 +66,7 @@ class DiskCache {
 
  private:
   void writer();
-  void write_one(uint64_t hash, const std::vector<uint8_t> &image);
+  void write_one(uint64_t hash, const api::State &state);
   void enforce_budget();
   void touch_one(uint64_t hash);
   std::string path_of(uint64_t hash) const;
@@ -72,7 +75,7 @@ class DiskCache {
   size_t budget_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<uint64_t, std::shared_ptr<const std::vector<uint8_t>>>> pending_;
+  std::deque<std::pair<uint64_t, std::shared_ptr<const api::State>>> pending_;
   std::vector<uint64_t> touches_;  // distinct hashes, at most kMaxTouches
   bool stop_ = false;
   uint64_t written_ = 0, dropped_ = 0;

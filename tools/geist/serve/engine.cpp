@@ -100,8 +100,8 @@ api::Error Engine::start(std::vector<DiskCache::File> preload, size_t *n_loaded)
     slots_.push_back(std::move(s));
   }
   // preload is newest (most recently used) first: validate in that order, up to the
-  // capacity, then insert oldest first so that the RAM cache's LRU order is the files'.
-  std::vector<std::pair<std::vector<geist_token>, DiskCache::File *>> accepted;
+  // capacity, then insert oldest first so that the cache's LRU order is the files'.
+  std::vector<std::pair<std::vector<geist_token>, std::shared_ptr<api::State>>> accepted;
   size_t accepted_bytes = 0;
   api::Session &probe = slots_[0]->session;
   for (DiskCache::File &f : preload) {
@@ -117,16 +117,23 @@ api::Error Engine::start(std::vector<DiskCache::File> preload, size_t *n_loaded)
           f.path.c_str());
       continue;
     }
-    const size_t cost = PrefixCache::entry_cost(t.size(), f.image.capacity());
+    const size_t cost = PrefixCache::entry_cost(t.size(), probe.state_bytes());
     if (accepted_bytes + cost > cache_.capacity())
       continue;  // newest first: the rest wait for the disk
-    accepted_bytes += cost;
-    accepted.emplace_back(std::move(t), &f);
+    std::shared_ptr<api::State> st = new_image(0, static_cast<api::State *>(nullptr));
+    if (!st) continue;
+    if (api::Error e = probe.save_state(st.get())) {
+      std::fprintf(stderr, "geist serve: cannot keep cache file '%s' in memory: %s\n",
+                   f.path.c_str(), e.message.c_str());
+      continue;
+    }
+    f.image = std::vector<uint8_t>();  // the state holds it now
+    accepted_bytes += PrefixCache::entry_cost(t.size(), st->bytes());
+    accepted.emplace_back(std::move(t), std::move(st));
   }
   probe.clear();
   for (auto it = accepted.rbegin(); it != accepted.rend(); ++it) {
-    cache_.insert(std::move(it->first),
-                  std::make_shared<std::vector<uint8_t>>(std::move(it->second->image)));
+    cache_.insert(std::move(it->first), std::move(it->second));
   }
   if (n_loaded) *n_loaded = accepted.size();
   {
@@ -321,10 +328,10 @@ void Engine::start_job(Slot &s, std::shared_ptr<Job> job) {
                                     : nullptr;
   if (e && e->tokens.size() > live) {
     const auto t0 = Clock::now();
-    if (api::Error re = s.session.restore(*e->image)) {
+    if (api::Error re = s.session.load_state(*e->image)) {
       std::fprintf(
           stderr,
-          "geist serve: warning: a cache entry did not restore (%s); computing the prompt\n",
+          "geist serve: warning: a cache entry did not load (%s); computing the prompt\n",
           re.message.c_str());
       reused = 0;
       source = "none";
@@ -373,20 +380,23 @@ void Engine::maybe_snapshot(Slot &s) {
     return;
   }
   const auto t0 = Clock::now();
-  size_t size = 0;
-  if (geist_session_snapshot_size(s.session.get(), &size) != GEIST_OK) return;
-  // A full cache hands over an evicted image's buffer (no page faults to fill it).
-  std::shared_ptr<std::vector<uint8_t>> img = cache_.image_buffer(s.n_done, size);
+  // A full cache hands over an evicted state (no allocation: on a GPU a device allocation
+  // would synchronise the card, on the CPU fresh pages fault in).
+  std::shared_ptr<api::State> img = cache_.image_buffer(s.n_done, s.session.state_bytes());
   if (!img) return;
-  if (api::Error e = s.session.snapshot(img.get())) {
-    std::fprintf(stderr, "geist serve: warning: snapshot failed: %s\n", e.message.c_str());
+  if (api::Error e = s.session.save_state(img.get())) {
+    if (!warned_save_) {
+      std::fprintf(stderr, "geist serve: warning: saving a prefix failed (%s); the cache keeps what it has\n",
+                   e.message.c_str());
+      warned_save_ = true;
+    }
     return;
   }
   if (!cache_.insert(std::vector<int32_t>(p.begin(), p.begin() + long(s.n_done)), img)) return;
   if (o_.on_snapshot) o_.on_snapshot(tokens_hash(p.data(), s.n_done), img);
   std::lock_guard<std::mutex> lk(mu_);
   ++stats_.snapshots_taken;
-  stats_.snapshot_bytes_taken += img->size();
+  stats_.snapshot_bytes_taken += img->bytes();
   stats_.snapshot_seconds += ms_between(t0, Clock::now()) / 1e3;
   stats_.cache_entries = cache_.size();
   stats_.cache_bytes = cache_.bytes();
@@ -405,7 +415,7 @@ bool Engine::catch_up(Slot &s) {
   const PrefixCache::Entry *e = cache_.find_longest_prefix(p.data(), p.size(), p.size());
   if (!e || e->tokens.size() <= s.n_done) return true;
   const auto t0 = Clock::now();
-  if (api::Error re = s.session.restore(*e->image)) return true;  // keep computing
+  if (api::Error re = s.session.load_state(*e->image)) return true;  // keep computing
   if (o_.on_use) o_.on_use(e->hash);
   const size_t before = s.n_done;
   s.n_done = e->tokens.size();

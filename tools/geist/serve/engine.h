@@ -7,8 +7,8 @@
 //
 // Prefix reuse is exact: a job starts from the longest of (a) an idle slot whose tokens
 // are a prefix of the prompt (nothing to copy) and (b) the cache entry with the longest
-// prefix (a snapshot restore), then prefills only the rest. Snapshots are taken while a
-// prompt is prefilled, at its boundaries: the ends of the leading chat turns, where it
+// prefix (a saved state's load: a copy inside the device on a GPU), then prefills only the
+// rest. States are saved while a prompt is prefilled, at its boundaries: the ends of the leading chat turns, where it
 // diverges from something cached or live, and its end. Logits do not depend on how a
 // state was reached (batch invariance, docs/SNAPSHOT.md), and the sampler is reseeded
 // per job, so a job's output is the same cached or not.
@@ -84,8 +84,8 @@ struct EngineOptions {
   size_t min_snapshot_tokens = 16;  // shorter prefixes are not worth an entry
   int prefill_budget = 256;         // prompt tokens per loop turn, across slots
   geist_session_params session = geist_session_params_default();
-  // Called on the engine thread with each image the cache takes (the disk tier's put).
-  std::function<void(uint64_t hash, std::shared_ptr<const std::vector<uint8_t>> image)> on_snapshot;
+  // Called on the engine thread with each state the cache takes (the disk tier's put).
+  std::function<void(uint64_t hash, std::shared_ptr<const api::State> state)> on_snapshot;
   // Called on the engine thread with the hash of each entry a request used (restored, or
   // found already cached at a snapshot point): the disk tier's touch.
   std::function<void(uint64_t hash)> on_use;
@@ -114,8 +114,8 @@ class Engine {
   Engine &operator=(const Engine &) = delete;
 
   // Creates the sessions, puts the images of `preload` that restore (checksum and all)
-  // and are named by their tokens' hash into the cache while it has room, and starts the
-  // engine thread. *n_loaded: how many were taken.
+  // and are named by their tokens' hash into the cache (as saved states) while it has
+  // room, and starts the engine thread. *n_loaded: how many were taken.
   api::Error start(std::vector<DiskCache::File> preload = {}, size_t *n_loaded = nullptr);
 
   enum class Submit { kOk, kQueueFull, kDraining };
@@ -154,6 +154,7 @@ class Engine {
   std::vector<std::unique_ptr<Slot>> slots_;
   PrefixCache cache_;
   uint64_t clock_ = 0;
+  bool warned_save_ = false;  // a failed save_state is reported once
 
   mutable std::mutex mu_;  // guards queue_, draining_, stop_, stats_, busy_
   std::condition_variable cv_;

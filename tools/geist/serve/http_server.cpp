@@ -770,9 +770,8 @@ bool Server::load_model() {
     disk_ = std::make_unique<DiskCache>(o_.cache_dir, size_t(o_.cache_disk_mib) << 20);
     if (api::Error e = disk_->open()) return cli::report(e), false;
     files = disk_->read_all(eo.cache_bytes);
-    eo.on_snapshot = [d = disk_.get()](uint64_t h,
-                                       std::shared_ptr<const std::vector<uint8_t>> img) {
-      d->put(h, std::move(img));
+    eo.on_snapshot = [d = disk_.get()](uint64_t h, std::shared_ptr<const api::State> st) {
+      d->put(h, std::move(st));
     };
     eo.on_use = [d = disk_.get()](uint64_t h) { d->touch(h); };
   }
