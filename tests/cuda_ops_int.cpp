@@ -706,7 +706,8 @@ inline void kv_decode(KvType t, const uint8_t *row, int64_t n, float *out) {
 const KvType kKvTypes[] = {KvType::F32, KvType::F16, KvType::BF16, KvType::Q8_0};
 
 // kv_append: rows land at (pos0 + r) % capacity with exactly kv_type.h's bytes, wrapping the
-// ring; untouched slots keep their bytes. Then positions move ring <-> host and ring -> ring.
+// ring; untouched slots keep their bytes. Then positions move ring <-> host, ring -> ring and
+// ring <-> a device block.
 CUDA_TEST(CudaOps, KvAppendCopyReadWrite) {
   REQUIRE_CUDA();
   std::mt19937 rng(21);
@@ -746,6 +747,17 @@ CUDA_TEST(CudaOps, KvAppendCopyReadWrite) {
       CU_OK(cu::kv_read_positions(t, r9.as(), 9, row_elems, 28, 35, back.data(), s));
       CU_OK(cu::stream_sync(s));
       ASSERT_EQ(std::memcmp(back.data(), dense.data() + rb, back.size()), 0) << kv_type_name(t);
+      // The dense block may be device memory too (saved session states): ring -> device
+      // block -> another ring, never through the host, then read back.
+      DevBuf dblock(8 * rb), r11(11 * rb);
+      CU_OK(cu::kv_read_positions(t, dring.as(), cap, row_elems, 27, 35, dblock.as(), s));
+      CU_OK(cu::kv_write_positions(t, r11.as(), 11, row_elems, 27, 35, dblock.as(), s));
+      CU_OK(cu::stream_sync(s));
+      ASSERT_EQ(dblock.get<uint8_t>(8 * rb), dense) << kv_type_name(t);
+      std::vector<uint8_t> back11(8 * rb);
+      CU_OK(cu::kv_read_positions(t, r11.as(), 11, row_elems, 27, 35, back11.data(), s));
+      CU_OK(cu::stream_sync(s));
+      ASSERT_EQ(back11, dense) << kv_type_name(t);
     }
   }
 }

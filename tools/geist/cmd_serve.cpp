@@ -25,8 +25,9 @@ Runner add_serve(CLI::App &app) {
                   "Read the API key from this file (first line)");
   sub->add_option("--alias", o->alias,
                   "The model's id in /v1/models and responses (default: the file name)");
-  sub->add_option("--cache-ram", o->cache_ram_mib, "Prefix cache in RAM, MiB: a hard cap (0: off)")
-      ->capture_default_str()
+  sub->add_option("--cache-ram", o->cache_ram_mib,
+                  "Prefix cache, MiB: a hard cap on the saved states it keeps, in the memory the "
+                  "KV cache is in (0: off; default 256, or 4096 of device memory with --backend cuda)")
       ->check(int_range(0, 1 << 20));
   sub->add_option("--cache-dir", o->cache_dir,
                   "Keep prefix cache entries in this directory across restarts");

@@ -576,8 +576,8 @@ std::string Server::metrics_text() const {
          double(s.slot_hits));
   metric("prefix_misses_total", "counter", "Requests that reused nothing.", double(s.misses));
   metric("prefix_cache_entries", "gauge", "Snapshots in the RAM cache.", double(s.cache_entries));
-  metric("prefix_cache_bytes", "gauge", "Bytes charged to the RAM cache.", double(s.cache_bytes));
-  metric("prefix_cache_capacity_bytes", "gauge", "The RAM cache's hard cap (--cache-ram).",
+  metric("prefix_cache_bytes", "gauge", "Bytes charged to the prefix cache (saved states, tokens, overhead).", double(s.cache_bytes));
+  metric("prefix_cache_capacity_bytes", "gauge", "The prefix cache's hard cap (--cache-ram).",
          double(s.cache_capacity));
   metric("prefix_cache_evictions_total", "counter", "Snapshots evicted from the RAM cache.",
          double(s.cache_evictions));
@@ -755,7 +755,7 @@ bool Server::load_model() {
   EngineOptions eo;
   eo.n_parallel = o_.parallel;
   eo.queue_max = size_t(o_.queue);
-  eo.cache_bytes = size_t(o_.cache_ram_mib) << 20;
+  eo.cache_bytes = size_t(cache_mib(o_)) << 20;
   eo.min_snapshot_tokens = size_t(o_.min_snapshot_tokens);
   eo.prefill_budget = o_.g.batch;
   geist_session_params p = geist_session_params_default();
@@ -883,7 +883,7 @@ int Server::run() {
     std::fprintf(stderr,
                  "geist serve: ready: %s, %d slot%s, context %zu, prefix cache %d MiB%s%s\n",
                  model_id_.c_str(), o_.parallel, o_.parallel == 1 ? "" : "s", engine_->n_ctx(),
-                 o_.cache_ram_mib, "", "");
+                 cache_mib(o_), o_.g.dev.backend == "cuda" ? " (device memory)" : "", "");
     while (!wait_signal(1, std::chrono::hours(24))) {
     }
     // Draining: new work gets 503; queued and running requests may finish within the grace
