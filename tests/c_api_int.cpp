@@ -650,7 +650,8 @@ TEST_F(CApi, SavedStates) {
 
   ASSERT_EQ(geist_session_state_bytes(a.get(), &want), GEIST_OK);
   ASSERT_EQ(geist_session_save_state(a.get(), st.get()), GEIST_OK) << geist_last_error();
-  EXPECT_EQ(geist_state_bytes(st.get()), want);
+  EXPECT_GE(geist_state_bytes(st.get()), want);
+  EXPECT_LE(geist_state_bytes(st.get()), want + want / 8);
   std::vector<geist_token> got(t.size());
   ASSERT_EQ(geist_state_tokens(st.get(), got.data(), got.size(), &n), GEIST_OK);
   EXPECT_EQ(got, t);

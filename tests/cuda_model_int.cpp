@@ -348,7 +348,8 @@ TEST(CudaModel, SavedStatesStayOnTheDevice) {
     SessionState st;
     Status s = g->save_state(&st);
     ASSERT_TRUE(s.is_ok()) << s.to_string();
-    EXPECT_EQ(st.bytes(), g->state_bytes());
+    EXPECT_GE(st.bytes(), g->state_bytes());
+    EXPECT_LE(st.bytes(), g->state_bytes() * 9 / 8);
     std::vector<uint8_t> ig(g->snapshot_size()), is(st.snapshot_size());
     size_t wg = 0, ws = 0;
     ASSERT_TRUE(g->snapshot(ig.data(), ig.size(), &wg).is_ok());

@@ -652,7 +652,8 @@ TEST_F(SnapshotInt, SavedStatesAreSnapshotsWithoutTheBytes) {
     Status s = a->save_state(&st);
     ASSERT_TRUE(s) << s.to_string();
     EXPECT_FALSE(st.empty());
-    EXPECT_EQ(st.bytes(), want) << "state_bytes() is what a fresh state holds";
+    EXPECT_GE(st.bytes(), want) << "state_bytes() is what a save needs";
+    EXPECT_LE(st.bytes(), want + want / 8) << "a fresh state holds at most 1/8 more";
     EXPECT_EQ(st.tokens(), a->tokens());
     // Its snapshot is the session's, byte for byte (the same image the file path writes).
     EXPECT_TRUE(state_snap(st) == snap(*a));

@@ -387,8 +387,10 @@ typedef struct geist_state geist_state;
 GEIST_API geist_status geist_state_create(geist_state **out);
 GEIST_API void geist_state_free(geist_state *st); /* NULL is a no-op */
 
-/* Bytes a state saved from s now would hold (geist_state_bytes after the save), for a
- * cache to make room first. GEIST_E_INVALID_ARGUMENT for NULLs. */
+/* Bytes a state saved from s now needs, for a cache to make room first or to pick a state
+ * to reuse (one whose geist_state_bytes is at least this). A fresh state holds up to 1/8
+ * more: its KV buffer is rounded up, so that a slightly longer save reuses it.
+ * GEIST_E_INVALID_ARGUMENT for NULLs. */
 GEIST_API geist_status geist_session_state_bytes(const geist_session *s, size_t *bytes);
 /* Save s's state into st, replacing what it held. On an error st is unchanged.
  * GEIST_E_INVALID_ARGUMENT for NULLs, GEIST_E_OUT_OF_MEMORY when the state's KV rows do not

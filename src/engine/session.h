@@ -60,7 +60,8 @@ struct SessionStats {
 // model (a server's prefix cache): what a snapshot holds, not serialised, with the KV rows
 // kept where the session keeps them (KvBuffer: device memory on a GPU), so that saving and
 // loading are copies inside the device that never cross the bus. A state is reused by
-// later saves: its memory grows when a save needs more and is otherwise kept. Saving into
+// later saves: its memory grows when a save needs more and is otherwise kept (the KV
+// buffer is made up to 1/8 larger than asked, so that a slightly longer state fits). Saving into
 // a state while another thread reads it is a race; concurrent reads (load_state,
 // snapshot) are fine.
 class SessionState {
@@ -154,8 +155,8 @@ class Session {
   // (GEIST_E_OUT_OF_MEMORY: its KV buffer does not fit). load_state restores st as
   // restore() would its snapshot, with the same checks and guarantee (GEIST_E_STATE for
   // an empty state; GEIST_E_MISMATCH also for a state held in another space, a GPU
-  // session's state in a CPU session, say). state_bytes: what a state saved now would
-  // hold (SessionState::bytes() of a fresh one).
+  // session's state in a CPU session, say). state_bytes: the memory a state saved now
+  // needs (a fresh one holds up to 1/8 more: its rounded KV buffer).
   size_t state_bytes() const;
   Status save_state(SessionState *st) const;
   Status load_state(const SessionState &st);

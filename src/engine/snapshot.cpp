@@ -16,6 +16,8 @@
 //   ckpt     per sliding layer: K then V rows of positions [max(0, P - (W - 1)), P)
 //            if n_pinned = P > 0 and not flags & kCheckpointLive (then n_tokens == P and
 //            the checkpoint is the kv section's rows)
+#include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -194,6 +196,15 @@ Status write_image(const ImageParts &p, uint8_t *base, const std::function<Statu
   return Status::ok();
 }
 
+// The KV buffer a state is given for kv bytes: rounded up to a multiple of an eighth of
+// its highest power of two (at most 1/8 more), so that a state reused for a prompt a few
+// tokens longer (a server's cache saves into evicted states) keeps its buffer.
+size_t kv_buffer_bytes(size_t kv) {
+  const size_t step = std::max<size_t>(1, std::bit_floor(kv) / 8);
+  const size_t r = kv % step;
+  return r == 0 || kv > SIZE_MAX - step ? kv : kv - r + step;
+}
+
 std::vector<KvLayerSpec> layer_specs(const KvStore &c) {
   std::vector<KvLayerSpec> v;
   v.reserve(size_t(c.n_layers()));
@@ -313,7 +324,7 @@ Status Session::save_state(SessionState *st) const {
   // save leaves *st as it was; the copies below do not allocate.
   std::unique_ptr<KvBuffer> fresh;
   if (!st->kv_ || st->kv_->size() < kvb || st->kv_->space() != cache_->space()) {
-    GEIST_ASSIGN_OR_RETURN(fresh, cache_->new_buffer(kvb));
+    GEIST_ASSIGN_OR_RETURN(fresh, cache_->new_buffer(kv_buffer_bytes(kvb)));
   }
   const Sampler::State sst = sampler_.state();
   st->tokens_.reserve(tokens_.size());
