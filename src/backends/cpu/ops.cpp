@@ -159,6 +159,24 @@ struct ActBuffers {
 };
 thread_local ActBuffers t_acts;
 
+// Tasks per pool thread of a packed matmul over n_rows rows. Prefill: 8, so that a thread
+// that falls behind (descheduled, or a slower core) leaves work for the others. Decode
+// (at most kDecodeRows rows): GEIST_CPU_DECODE_TASKS (default 1), because a thread's tasks
+// are claimed in turn with the other threads' and so lie apart in the weights: each task's
+// first groups then wait on memory while the prefetchers find the new stream (the
+// prefetch of the next group stops at a task's end). With one contiguous range per thread
+// the 270M model's layer matmuls took 10-16 % less time per token (2-core EPYC, 1 row;
+// docs/BENCH.md). Which thread computes a group never changes its bits.
+constexpr int kDecodeRows = 4;
+int tasks_per_thread(int n_rows) {
+  static const int decode = [] {
+    const char *e = std::getenv("GEIST_CPU_DECODE_TASKS");
+    const int v = e ? std::atoi(e) : 1;
+    return v >= 1 && v <= 64 ? v : 1;
+  }();
+  return n_rows <= kDecodeRows ? decode : 8;
+}
+
 // The packed path: activations quantized per row (parallel over rows), then the tier's
 // kernel over groups of 16 weight rows (parallel over groups; every group sees all rows).
 // The packed path for n_mat matrices that read the same input x (Q, K, V; gate, up): the
@@ -205,7 +223,7 @@ void matmul_packed(const GemmFn *fns, const WeightView *const *ws, int n_mat, co
     a.y = ys[m];
     a.ldy = w.n_out;
     const int64_t n_groups = (w.n_out + kPackRows - 1) / kPackRows;
-    per[m] = std::max<int64_t>(1, n_groups / (int64_t(pool.n_threads()) * 8));
+    per[m] = std::max<int64_t>(1, n_groups / (int64_t(pool.n_threads()) * tasks_per_thread(n_rows)));
     task0[m + 1] = task0[m] + (n_groups + per[m] - 1) / per[m];
   }
   pool.run(static_cast<int>(task0[n_mat]), [&](int task, int) {
