@@ -160,14 +160,15 @@ struct ActBuffers {
 thread_local ActBuffers t_acts;
 
 // Tasks per pool thread of a packed matmul over n_rows rows. Prefill: 8, so that a thread
-// that falls behind (descheduled, or a slower core) leaves work for the others. Decode
-// (at most kDecodeRows rows): GEIST_CPU_DECODE_TASKS (default 1), because a thread's tasks
-// are claimed in turn with the other threads' and so lie apart in the weights: each task's
-// first groups then wait on memory while the prefetchers find the new stream (the
-// prefetch of the next group stops at a task's end). With one contiguous range per thread
-// the 270M model's layer matmuls took 10-16 % less time per token (2-core EPYC, 1 row;
-// docs/BENCH.md). Which thread computes a group never changes its bits.
-constexpr int kDecodeRows = 4;
+// that falls behind (descheduled, or a slower core) leaves work for the others. Decode and
+// batched decode (at most kDecodeRows rows): GEIST_CPU_DECODE_TASKS (default 1), because
+// a thread's tasks are claimed in turn with the other threads' and so lie apart in the
+// weights: each task's first groups then wait on memory while the prefetchers find the
+// new stream (the prefetch of the next group stops at a task's end). With one contiguous
+// range per thread the 270M model's layer matmuls took 10-16 % less time per token (2-core
+// EPYC, 1 row), and 4 / 8 sessions decoding together gained 33-48 % / 10-16 %
+// (docs/BENCH.md). Which thread computes a group never changes its bits.
+constexpr int kDecodeRows = 8;
 int tasks_per_thread(int n_rows) {
   static const int decode = [] {
     const char *e = std::getenv("GEIST_CPU_DECODE_TASKS");
