@@ -579,24 +579,32 @@ TEST_F(SnapshotInt, ContextTooSmall) {
   EXPECT_TRUE(fits->decode_step(&tok));
 }
 
-TEST_F(SnapshotInt, ImageOfAnotherModel) {
-  // Same weights and geometry, one metadata byte changed: a different fingerprint.
+// The tiny model with one metadata byte changed (same weights and geometry, another
+// fingerprint), loaded from memory that *keep owns.
+void load_renamed_model(std::unique_ptr<void, decltype(&std::free)> *keep, std::unique_ptr<Model> *out) {
   std::vector<uint8_t> bytes = test::read_file(test::data_path("tiny_gemma3.gguf"));
   const std::string name = "tiny-gemma3-random";
   auto it = std::search(bytes.begin(), bytes.end(), name.begin(), name.end());
   ASSERT_NE(it, bytes.end());
   it[name.size() - 1] = 'D';
   const size_t n = bytes.size();
-  void *mem = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
-  ASSERT_NE(mem, nullptr);
-  std::unique_ptr<void, decltype(&std::free)> keep(mem, &std::free);
-  std::memcpy(mem, bytes.data(), n);
-  Result<std::unique_ptr<Model>> m2 = Model::load_from_memory(mem, n);
-  ASSERT_TRUE(m2) << m2.status().to_string();
-  ASSERT_NE(m2.value()->fingerprint(), model_->fingerprint());
+  keep->reset(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096));
+  ASSERT_NE(keep->get(), nullptr);
+  std::memcpy(keep->get(), bytes.data(), n);
+  Result<std::unique_ptr<Model>> m = Model::load_from_memory(keep->get(), n);
+  ASSERT_TRUE(m) << m.status().to_string();
+  *out = std::move(m).value();
+}
+
+TEST_F(SnapshotInt, ImageOfAnotherModel) {
+  // Same weights and geometry, one metadata byte changed: a different fingerprint.
+  std::unique_ptr<void, decltype(&std::free)> keep(nullptr, &std::free);
+  std::unique_ptr<Model> m2;
+  ASSERT_NO_FATAL_FAILURE(load_renamed_model(&keep, &m2));
+  ASSERT_NE(m2->fingerprint(), model_->fingerprint());
 
   std::unique_ptr<Session> a = busy(4, 5, 1);
-  std::unique_ptr<Session> b = make(4, 1, 256, m2.value().get());
+  std::unique_ptr<Session> b = make(4, 1, 256, m2.get());
   const std::vector<int32_t> x = toks(5, 8);
   ASSERT_TRUE(b->prefill(x.data(), x.size()));
   const std::vector<uint8_t> ia = snap(*a), ib = snap(*b);
@@ -739,20 +747,11 @@ TEST_F(SnapshotInt, SavedStateRefusals) {
 }
 
 TEST_F(SnapshotInt, SavedStateOfAnotherModel) {
-  std::vector<uint8_t> bytes = test::read_file(test::data_path("tiny_gemma3.gguf"));
-  const std::string name = "tiny-gemma3-random";
-  auto it = std::search(bytes.begin(), bytes.end(), name.begin(), name.end());
-  ASSERT_NE(it, bytes.end());
-  it[name.size() - 1] = 'D';
-  const size_t n = bytes.size();
-  void *mem = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
-  ASSERT_NE(mem, nullptr);
-  std::unique_ptr<void, decltype(&std::free)> keep(mem, &std::free);
-  std::memcpy(mem, bytes.data(), n);
-  Result<std::unique_ptr<Model>> m2 = Model::load_from_memory(mem, n);
-  ASSERT_TRUE(m2) << m2.status().to_string();
+  std::unique_ptr<void, decltype(&std::free)> keep(nullptr, &std::free);
+  std::unique_ptr<Model> m2;
+  ASSERT_NO_FATAL_FAILURE(load_renamed_model(&keep, &m2));
   std::unique_ptr<Session> a = busy(4, 5, 1);
-  std::unique_ptr<Session> b = make(4, 1, 256, m2.value().get());
+  std::unique_ptr<Session> b = make(4, 1, 256, m2.get());
   ASSERT_TRUE(b->prefill(toks(5, 8).data(), 5));
   SessionState sa, sb;
   ASSERT_TRUE(a->save_state(&sa));

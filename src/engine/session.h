@@ -64,6 +64,8 @@ struct SessionStats {
 // buffer is made up to 1/8 larger than asked, so that a slightly longer state fits). Saving into
 // a state while another thread reads it is a race; concurrent reads (load_state,
 // snapshot) are fine.
+struct ImageParts;  // snapshot.cpp
+
 class SessionState {
  public:
   SessionState() = default;
@@ -200,6 +202,9 @@ class Session {
   // KvBuffer of the store's space).
   void read_kv_sections(uint8_t *dst) const;
   size_t state_kv_bytes() const;  // the KV buffer a save_state needs now
+  // This session's parts of an image (snapshot.cpp), over the layer specs and sampler
+  // state given (the caller's copies, alive while the parts are used).
+  ImageParts image_parts(const std::vector<KvLayerSpec> &layers, const Sampler::State &sampler) const;
   // Room in tokens_ for extra more (amortized O(1) per token). May throw bad_alloc.
   void reserve_tokens(size_t extra);
 

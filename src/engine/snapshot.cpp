@@ -31,6 +31,23 @@
 #include "engine/snapshot_file.h"
 
 namespace geist {
+
+// What an image holds besides its KV rows, by reference: a session's or a saved state's.
+struct ImageParts {
+  uint64_t fingerprint = 0;
+  size_t nv = 0, n_pin = 0;
+  const std::vector<KvLayerSpec> *layers = nullptr;
+  KvType tk = KvType::F32, tv = KvType::F32;
+  const std::vector<int32_t> *tokens = nullptr;
+  const float *logits = nullptr;  // null: no logits
+  const Sampler::State *sampler = nullptr;
+  const Sampler::State *pin_sampler = nullptr;  // read when n_pin > 0
+  const float *pin_logits = nullptr;
+  size_t n() const { return tokens->size(); }
+  // The pin's checkpoint is the kv section's rows when the pin is at the end.
+  bool live() const { return n_pin > 0 && n_pin == n(); }
+};
+
 namespace {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "snapshot I/O assumes a little-endian host");
@@ -117,21 +134,6 @@ size_t block_bytes(KvType tk, KvType tv, const KvLayerSpec &s, int64_t n) {
   return size_t(n) * (kv_row_bytes(tk, s.row_floats) + kv_row_bytes(tv, s.row_floats));
 }
 
-// What an image holds besides its KV rows, by reference: a session's or a saved state's.
-struct ImageParts {
-  uint64_t fingerprint = 0;
-  size_t nv = 0, n_pin = 0;
-  const std::vector<KvLayerSpec> *layers = nullptr;
-  KvType tk = KvType::F32, tv = KvType::F32;
-  const std::vector<int32_t> *tokens = nullptr;
-  const float *logits = nullptr;  // null: no logits
-  const Sampler::State *sampler = nullptr;
-  const Sampler::State *pin_sampler = nullptr;  // read when n_pin > 0
-  const float *pin_logits = nullptr;
-  size_t n() const { return tokens->size(); }
-  // The pin's checkpoint is the kv section's rows when the pin is at the end.
-  bool live() const { return n_pin > 0 && n_pin == n(); }
-};
 
 // Bytes of the kv and ckpt sections.
 size_t kv_sections_bytes(const ImageParts &p) {
@@ -205,6 +207,26 @@ size_t kv_buffer_bytes(size_t kv) {
   return r == 0 || kv > SIZE_MAX - step ? kv : kv - r + step;
 }
 
+// The parts of an image (ImageParts) of a session's or a saved state's fields;
+// pin_sampler and pin_logits are read only when n_pin > 0.
+ImageParts state_parts(const std::vector<KvLayerSpec> &layers, KvType tk, KvType tv, const std::vector<int32_t> &tokens,
+                       size_t nv, const float *logits, const Sampler::State &sampler, size_t n_pin,
+                       const Sampler::State &pin_sampler, const float *pin_logits, uint64_t fingerprint) {
+  ImageParts p;
+  p.fingerprint = fingerprint;
+  p.nv = nv;
+  p.layers = &layers;
+  p.tk = tk;
+  p.tv = tv;
+  p.tokens = &tokens;
+  p.logits = logits;
+  p.sampler = &sampler;
+  p.n_pin = n_pin;
+  p.pin_sampler = &pin_sampler;
+  p.pin_logits = pin_logits;
+  return p;
+}
+
 std::vector<KvLayerSpec> layer_specs(const KvStore &c) {
   std::vector<KvLayerSpec> v;
   v.reserve(size_t(c.n_layers()));
@@ -227,20 +249,16 @@ struct Session::Parts {
   std::vector<const uint8_t *> kv, ck;
 };
 
+ImageParts Session::image_parts(const std::vector<KvLayerSpec> &layers, const Sampler::State &sampler) const {
+  return state_parts(layers, cache_->type_k(), cache_->type_v(), tokens_, size_t(n_vocab()),
+                     has_logits_ ? logits_.get() : nullptr, sampler, n_pinned(), pin_ ? pin_->sampler : sampler,
+                     pin_ ? pin_->logits.data() : nullptr, model_.fingerprint());
+}
+
 size_t Session::snapshot_size() const {
   const std::vector<KvLayerSpec> layers = layer_specs(*cache_);
-  ImageParts p;
-  p.layers = &layers;
-  p.tk = cache_->type_k();
-  p.tv = cache_->type_v();
-  p.tokens = &tokens_;
-  p.nv = size_t(n_vocab());
-  p.logits = has_logits_ ? logits_.get() : nullptr;
   const Sampler::State sst = sampler_.state();
-  p.sampler = &sst;
-  p.n_pin = n_pinned();
-  if (pin_) p.pin_sampler = &pin_->sampler;
-  return image_size(p);
+  return image_size(image_parts(layers, sst));
 }
 
 Status Session::snapshot(void *buf, size_t cap, size_t *written) const {
@@ -254,20 +272,7 @@ Status Session::snapshot(void *buf, size_t cap, size_t *written) const {
   Timer t;
   const std::vector<KvLayerSpec> layers = layer_specs(*cache_);
   const Sampler::State sst = sampler_.state();
-  ImageParts p;
-  p.fingerprint = model_.fingerprint();
-  p.nv = size_t(n_vocab());
-  p.layers = &layers;
-  p.tk = cache_->type_k();
-  p.tv = cache_->type_v();
-  p.tokens = &tokens_;
-  p.logits = has_logits_ ? logits_.get() : nullptr;
-  p.sampler = &sst;
-  p.n_pin = n_pinned();
-  if (pin_) {
-    p.pin_sampler = &pin_->sampler;
-    p.pin_logits = pin_->logits.data();
-  }
+  const ImageParts p = image_parts(layers, sst);
   GEIST_RETURN_IF_ERROR(write_image(p, static_cast<uint8_t *>(buf), [&](uint8_t *dst) {
     read_kv_sections(dst);
     return Status::ok();
@@ -298,13 +303,8 @@ void Session::read_kv_sections(uint8_t *dst) const {
 
 size_t Session::state_kv_bytes() const {
   const std::vector<KvLayerSpec> layers = layer_specs(*cache_);
-  ImageParts p;
-  p.layers = &layers;
-  p.tk = cache_->type_k();
-  p.tv = cache_->type_v();
-  p.tokens = &tokens_;
-  p.n_pin = n_pinned();
-  return kv_sections_bytes(p);
+  const Sampler::State sst = sampler_.state();
+  return kv_sections_bytes(image_parts(layers, sst));
 }
 
 size_t Session::state_bytes() const {
@@ -446,25 +446,6 @@ size_t SessionState::bytes() const {
          sizeof(KvLayerSpec) * layers_.capacity() + (kv_ ? kv_->size() : 0);
 }
 
-namespace {
-ImageParts state_parts(const std::vector<KvLayerSpec> &layers, KvType tk, KvType tv, const std::vector<int32_t> &tokens,
-                       size_t nv, const float *logits, const Sampler::State &sampler, size_t n_pin,
-                       const Sampler::State &pin_sampler, const float *pin_logits, uint64_t fingerprint) {
-  ImageParts p;
-  p.fingerprint = fingerprint;
-  p.nv = nv;
-  p.layers = &layers;
-  p.tk = tk;
-  p.tv = tv;
-  p.tokens = &tokens;
-  p.logits = logits;
-  p.sampler = &sampler;
-  p.n_pin = n_pin;
-  p.pin_sampler = &pin_sampler;
-  p.pin_logits = pin_logits;
-  return p;
-}
-}  // namespace
 
 size_t SessionState::snapshot_size() const {
   if (!saved_) return 0;
