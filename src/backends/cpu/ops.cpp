@@ -159,23 +159,30 @@ struct ActBuffers {
 };
 thread_local ActBuffers t_acts;
 
-// Tasks per pool thread of a packed matmul over n_rows rows. Prefill: 8, so that a thread
-// that falls behind (descheduled, or a slower core) leaves work for the others. Decode and
-// batched decode (at most kDecodeRows rows): GEIST_CPU_DECODE_TASKS (default 1), because
-// a thread's tasks are claimed in turn with the other threads' and so lie apart in the
-// weights: each task's first groups then wait on memory while the prefetchers find the
-// new stream (the prefetch of the next group stops at a task's end). With one contiguous
-// range per thread the 270M model's layer matmuls took 10-16 % less time per token (2-core
-// EPYC, 1 row), and 4 / 8 sessions decoding together gained 33-48 % / 10-16 %
-// (docs/BENCH.md). Which thread computes a group never changes its bits.
+// Tasks per pool thread of a packed matmul over n_rows rows. Prefill, and decode on more
+// than kFewThreads threads: 8, so that a thread that falls behind (descheduled, or a
+// slower core) leaves work for the others. Decode and batched decode (at most
+// kDecodeRows rows) on a few threads: one contiguous range each, because a thread's tasks
+// are claimed in turn with the other threads' and so lie apart in the weights, and each
+// task's first groups wait on memory while the prefetchers find the new stream (the
+// prefetch of the next group stops at a task's end). Measured (docs/BENCH.md): on the
+// 2-core EPYC the 270M model's layer matmuls took 10-16 % (avx512) and 22-24 % (avx2)
+// less time per token, and 4 / 8 sessions decoding together gained 33-48 % / 10-16 %;
+// on the 16-core Xeon host E4B decoded 7-18 % slower with one task per thread at 16
+// threads and within noise at 8, so more threads keep 8. GEIST_CPU_DECODE_TASKS=N sets
+// the decode count for any thread count. Which thread computes a group never changes its
+// bits.
 constexpr int kDecodeRows = 8;
-int tasks_per_thread(int n_rows) {
-  static const int decode = [] {
+constexpr int kFewThreads = 4;
+int tasks_per_thread(int n_rows, int n_threads) {
+  static const int forced = [] {
     const char *e = std::getenv("GEIST_CPU_DECODE_TASKS");
-    const int v = e ? std::atoi(e) : 1;
-    return v >= 1 && v <= 64 ? v : 1;
+    const int v = e ? std::atoi(e) : 0;
+    return v >= 1 && v <= 64 ? v : 0;
   }();
-  return n_rows <= kDecodeRows ? decode : 8;
+  if (n_rows > kDecodeRows) return 8;
+  if (forced > 0) return forced;
+  return n_threads <= kFewThreads ? 1 : 8;
 }
 
 // The packed path: activations quantized per row (parallel over rows), then the tier's
@@ -224,7 +231,8 @@ void matmul_packed(const GemmFn *fns, const WeightView *const *ws, int n_mat, co
     a.y = ys[m];
     a.ldy = w.n_out;
     const int64_t n_groups = (w.n_out + kPackRows - 1) / kPackRows;
-    per[m] = std::max<int64_t>(1, n_groups / (int64_t(pool.n_threads()) * tasks_per_thread(n_rows)));
+    const int tpt = tasks_per_thread(n_rows, pool.n_threads());
+    per[m] = std::max<int64_t>(1, n_groups / (int64_t(pool.n_threads()) * tpt));
     task0[m + 1] = task0[m] + (n_groups + per[m] - 1) / per[m];
   }
   pool.run(static_cast<int>(task0[n_mat]), [&](int task, int) {
