@@ -170,8 +170,8 @@ thread_local ActBuffers t_acts;
 // less time per token, and 4 / 8 sessions decoding together gained 33-48 % / 10-16 %;
 // on the 16-core Xeon host E4B decoded 7-18 % slower with one task per thread at 16
 // threads and within noise at 8, so more threads keep 8. GEIST_CPU_DECODE_TASKS=N sets
-// the decode count for any thread count. Which thread computes a group never changes its
-// bits.
+// the decode count for any thread count, GEIST_CPU_PREFILL_TASKS=N the prefill count
+// (tuning knobs). Which thread computes a group never changes its bits.
 constexpr int kDecodeRows = 8;
 constexpr int kFewThreads = 4;
 int tasks_per_thread(int n_rows, int n_threads) {
@@ -180,7 +180,12 @@ int tasks_per_thread(int n_rows, int n_threads) {
     const int v = e ? std::atoi(e) : 0;
     return v >= 1 && v <= 64 ? v : 0;
   }();
-  if (n_rows > kDecodeRows) return 8;
+  static const int prefill = [] {
+    const char *e = std::getenv("GEIST_CPU_PREFILL_TASKS");
+    const int v = e ? std::atoi(e) : 0;
+    return v >= 1 && v <= 64 ? v : 8;
+  }();
+  if (n_rows > kDecodeRows) return prefill;
   if (forced > 0) return forced;
   return n_threads <= kFewThreads ? 1 : 8;
 }
