@@ -159,35 +159,32 @@ struct ActBuffers {
 };
 thread_local ActBuffers t_acts;
 
-// Tasks per pool thread of a packed matmul over n_rows rows. Prefill, and decode on more
-// than kFewThreads threads: 8, so that a thread that falls behind (descheduled, or a
-// slower core) leaves work for the others. Decode and batched decode (at most
-// kDecodeRows rows) on a few threads: one contiguous range each, because a thread's tasks
+// Tasks per pool thread of a packed matmul over n_rows rows. On more than kFewThreads
+// threads: 8, so that a thread that falls behind (descheduled, or a slower core) leaves
+// work for the others. On a few threads: one contiguous range each for decode and
+// batched decode (at most kDecodeRows rows), two for prefill, because a thread's tasks
 // are claimed in turn with the other threads' and so lie apart in the weights, and each
 // task's first groups wait on memory while the prefetchers find the new stream (the
 // prefetch of the next group stops at a task's end). Measured (docs/BENCH.md): on the
 // 2-core EPYC the 270M model's layer matmuls took 10-16 % (avx512) and 22-24 % (avx2)
-// less time per token, and 4 / 8 sessions decoding together gained 33-48 % / 10-16 %;
-// on the 16-core Xeon host E4B decoded 7-18 % slower with one task per thread at 16
-// threads and within noise at 8, so more threads keep 8. GEIST_CPU_DECODE_TASKS=N sets
-// the decode count for any thread count, GEIST_CPU_PREFILL_TASKS=N the prefill count
-// (tuning knobs). Which thread computes a group never changes its bits.
+// less time per decoded token, 4 / 8 sessions decoding together gained 33-48 % / 10-16 %,
+// and calls of 9-64 rows 5-22 % (pp512 unchanged); on the 16-core Xeon host E4B decoded
+// 7-18 % slower with one task per thread at 16 threads and within noise at 8, so more
+// threads keep 8. GEIST_CPU_DECODE_TASKS=N and GEIST_CPU_PREFILL_TASKS=N set the counts
+// for any thread count (tuning knobs). Which thread computes a group never changes its
+// bits.
 constexpr int kDecodeRows = 8;
 constexpr int kFewThreads = 4;
 int tasks_per_thread(int n_rows, int n_threads) {
-  static const int forced = [] {
-    const char *e = std::getenv("GEIST_CPU_DECODE_TASKS");
+  auto knob = [](const char *name) {
+    const char *e = std::getenv(name);
     const int v = e ? std::atoi(e) : 0;
     return v >= 1 && v <= 64 ? v : 0;
-  }();
-  static const int prefill = [] {
-    const char *e = std::getenv("GEIST_CPU_PREFILL_TASKS");
-    const int v = e ? std::atoi(e) : 0;
-    return v >= 1 && v <= 64 ? v : 8;
-  }();
-  if (n_rows > kDecodeRows) return prefill;
-  if (forced > 0) return forced;
-  return n_threads <= kFewThreads ? 1 : 8;
+  };
+  static const int decode = knob("GEIST_CPU_DECODE_TASKS"), prefill = knob("GEIST_CPU_PREFILL_TASKS");
+  const bool few = n_threads <= kFewThreads;
+  if (n_rows <= kDecodeRows) return decode > 0 ? decode : few ? 1 : 8;
+  return prefill > 0 ? prefill : few ? 2 : 8;
 }
 
 // The packed path: activations quantized per row (parallel over rows), then the tier's
