@@ -1,7 +1,9 @@
 // Session cost measurements on one model (issue 3's note): pin cost against a cold
 // prefill of the same tokens, reset time, snapshot size and snapshot/save/load/restore
-// times at a given depth. Uses only the public C++ wrapper (geist.hpp over libgeist.so).
-//   session_costs MODEL [pin_tokens=240] [depth=4096] [repeats=5] [threads=2]
+// times at a given depth, and the same for saved states (save_state into a fresh state and
+// into a reused one, load_state). Uses only the public C++ wrapper (geist.hpp over
+// libgeist.so).
+//   session_costs MODEL [pin_tokens=240] [depth=4096] [repeats=5] [threads=2] [cpu|cuda]
 // Prints medians; the machine is shared and noisy, so read them as such.
 #include <algorithm>
 #include <chrono>
@@ -31,14 +33,16 @@ void check(const geist::api::Error &e, const char *what) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: session_costs MODEL [pin_tokens] [depth] [repeats] [threads]\n");
+    std::fprintf(stderr, "usage: session_costs MODEL [pin_tokens] [depth] [repeats] [threads] [cpu|cuda]\n");
     return 2;
   }
   const size_t pin_n = argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 240;
   const size_t depth = argc > 3 ? std::strtoul(argv[3], nullptr, 10) : 4096;
   const int reps = argc > 4 ? std::atoi(argv[4]) : 5;
   const int threads = argc > 5 ? std::atoi(argv[5]) : 2;
-  Model m = Model::load_or_throw(argv[1]);
+  geist_model_params mp = geist_model_params_default();
+  if (argc > 6 && std::string(argv[6]) == "cuda") mp.backend = GEIST_BACKEND_CUDA;
+  Model m = Model::load_or_throw(argv[1], &mp);
   // Text tokens of a fixed English passage, repeated to the lengths needed.
   std::string text;
   while (text.size() < depth * 8)
@@ -119,5 +123,33 @@ int main(int argc, char **argv) {
               "restore from memory %.1f ms\n",
               depth, img.size() / 1048576.0, median(snap) * 1e3, median(save) * 1e3, median(load) * 1e3,
               median(restore) * 1e3);
+
+  // 3. Saved states at the same depth (kept where the session keeps its KV rows).
+  std::vector<double> fresh, reused, first_load, loaded;
+  geist::api::State kept;
+  check(geist::api::State::create(&kept), "state");
+  for (int r = 0; r < reps; ++r) {
+    geist::api::State st;
+    check(geist::api::State::create(&st), "state");
+    t = now();
+    check(d.save_state(&st), "save_state (fresh)");
+    fresh.push_back(now() - t);
+    t = now();
+    check(d.save_state(&kept), "save_state (reused)");
+    reused.push_back(now() - t);
+    // Into a fresh session (its KV pages fault in as the rows land), then again (as the
+    // restore above, which follows a load_file into the same session).
+    Session e = Session::create_or_throw(m, &p);
+    t = now();
+    check(e.load_state(kept), "load_state");
+    first_load.push_back(now() - t);
+    t = now();
+    check(e.load_state(kept), "load_state");
+    loaded.push_back(now() - t);
+  }
+  std::printf("depth %zu: saved state %.2f MiB; save into a fresh state %.2f ms, into a reused one %.2f ms; "
+              "load into a fresh session %.2f ms, into one that held it %.2f ms\n",
+              depth, kept.bytes() / 1048576.0, median(fresh) * 1e3, median(reused) * 1e3, median(first_load) * 1e3,
+              median(loaded) * 1e3);
   return 0;
 }
