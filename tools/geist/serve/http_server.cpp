@@ -579,21 +579,21 @@ std::string Server::metrics_text() const {
   metric("prefix_cache_bytes", "gauge", "Bytes charged to the prefix cache (saved states, tokens, overhead).", double(s.cache_bytes));
   metric("prefix_cache_capacity_bytes", "gauge", "The prefix cache's hard cap (--cache-ram).",
          double(s.cache_capacity));
-  metric("prefix_cache_evictions_total", "counter", "Snapshots evicted from the RAM cache.",
+  metric("prefix_cache_evictions_total", "counter", "Saved states evicted from the prefix cache.",
          double(s.cache_evictions));
-  metric("snapshots_total", "counter", "Snapshots taken into the cache.",
+  metric("snapshots_total", "counter", "Session states saved into the prefix cache (the names say snapshot: kept for dashboards).",
          double(s.snapshots_taken));
   metric("snapshot_buffers_reused_total", "counter",
-         "Snapshots taken into the buffer of an image evicted to make their room.",
+         "States saved into a state evicted to make their room (no allocation).",
          double(s.snapshot_buffers_reused));
   metric("decode_steps_total", "counter", "Batched decode steps.", double(s.decode_steps));
   metric("decode_rows_total", "counter", "Tokens decoded by those steps (rows per step summed).",
          double(s.decode_rows));
   metric("prefill_seconds_total", "counter", "Time spent prefilling prompts.", s.prefill_seconds);
   metric("decode_seconds_total", "counter", "Time spent in decode steps.", s.decode_seconds);
-  metric("snapshot_seconds_total", "counter", "Time spent taking snapshots into the cache.",
+  metric("snapshot_seconds_total", "counter", "Time spent saving session states into the prefix cache.",
          s.snapshot_seconds);
-  metric("restore_seconds_total", "counter", "Time spent restoring cached snapshots.",
+  metric("restore_seconds_total", "counter", "Time spent loading cached session states.",
          s.restore_seconds);
   metric("queue_depth", "gauge", "Requests waiting for a slot.", double(s.queue_depth));
   metric("slots_busy", "gauge", "Slots running a request.", double(s.slots_busy));
