@@ -119,6 +119,20 @@ geist_status copy_out(const std::string &bytes, char *buf, size_t cap, size_t *n
   return GEIST_OK;
 }
 
+// The tokens t of a session or state ("whose") to out, as geist_session_tokens documents:
+// *n_out = t.size(); GEIST_E_BUFFER_TOO_SMALL (nothing copied) when cap is short.
+geist_status copy_tokens(const std::vector<int32_t> &t, const char *whose, geist_token *out, size_t cap,
+                         size_t *n_out, geist_session *s) {
+  if (out == nullptr && cap > 0) return fail(GEIST_E_INVALID_ARGUMENT, "out is NULL but cap > 0", s);
+  *n_out = t.size();
+  if (cap < t.size()) {
+    return fail(GEIST_E_BUFFER_TOO_SMALL, std::string("the ") + whose + " has " + std::to_string(t.size()) +
+                                              " tokens, the buffer holds " + std::to_string(cap), s);
+  }
+  if (!t.empty()) std::memcpy(out, t.data(), t.size() * sizeof(geist_token));
+  return GEIST_OK;
+}
+
 #define GEIST_NULL_CHECK(p, s)                                                   \
   do {                                                                          \
     if ((p) == nullptr) return fail(GEIST_E_INVALID_ARGUMENT, #p " is NULL", s); \
@@ -546,18 +560,7 @@ geist_status geist_session_tokens(const geist_session *s, geist_token *out, size
   GEIST_SESSION_ENTER(s);
   auto *ms = const_cast<geist_session *>(s);  // error message only
   GEIST_NULL_CHECK(n_out, ms);
-  if (out == nullptr && cap > 0) return fail(GEIST_E_INVALID_ARGUMENT, "out is NULL but cap > 0", ms);
-  const std::vector<int32_t> &t = s->session->tokens();
-  *n_out = t.size();
-  if (cap < t.size()) {
-    return fail(GEIST_E_BUFFER_TOO_SMALL, "the session has " + std::to_string(t.size()) +
-                                              " tokens, the buffer holds " + std::to_string(cap), ms);
-  }
-  if (!t.empty()) {
-    GEIST_NULL_CHECK(out, ms);
-    std::memcpy(out, t.data(), t.size() * sizeof(geist_token));
-  }
-  return GEIST_OK;
+  return copy_tokens(s->session->tokens(), "session", out, cap, n_out, ms);
 }
 
 geist_status geist_session_snapshot_size(const geist_session *s, size_t *size) {
@@ -696,17 +699,7 @@ geist_status geist_state_tokens(const geist_state *st, geist_token *out, size_t 
     GEIST_NULL_CHECK(n_out, nullptr);
     StateUse use(st, false);
     if (!use.ok()) return state_busy();
-    const std::vector<int32_t> &t = st->state.tokens();
-    *n_out = t.size();
-    if (cap < t.size()) {
-      return fail(GEIST_E_BUFFER_TOO_SMALL, "the state has " + std::to_string(t.size()) +
-                                                " tokens, the buffer holds " + std::to_string(cap));
-    }
-    if (!t.empty()) {
-      GEIST_NULL_CHECK(out, nullptr);
-      std::memcpy(out, t.data(), t.size() * sizeof(geist_token));
-    }
-    return GEIST_OK;
+    return copy_tokens(st->state.tokens(), "state", out, cap, n_out, nullptr);
   });
 }
 
