@@ -118,6 +118,17 @@ void matmul_args(benchmark::internal::Benchmark *b) {
 }
 BENCHMARK(BM_Matmul)->Apply(matmul_args)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
+// Gemma 4 E4B's widest matrices at prefill rows (K = 2560 gate/up, K = 10240 down): what a
+// 16-core host's prefill spends most of its time in. Filter with --benchmark_filter=Wide.
+void matmul_wide_args(benchmark::internal::Benchmark *b) {
+  for (int rows : {64, 512}) {
+    b->Args({int(GgmlType::Q4_K), 2560, 10240, rows});
+    b->Args({int(GgmlType::Q6_K), 10240, 2560, rows});
+  }
+}
+void BM_MatmulWide(benchmark::State &st) { BM_Matmul(st); }
+BENCHMARK(BM_MatmulWide)->Apply(matmul_wide_args)->UseRealTime()->Unit(benchmark::kMillisecond);
+
 // args: rows, cached positions before them, window (0 global). Gemma 3 270M geometry:
 // 4 query heads, 1 KV head, head_dim 256.
 void BM_Attention(benchmark::State &st) {
