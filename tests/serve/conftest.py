@@ -2,7 +2,10 @@
 
 GEIST_BIN names the geist binary (default build/release/tools/geist); GEIST_MODEL the
 default model (default ~/.cache/geist/models/gemma-3-270m-q4_k_m.gguf). A binary built
-without the HTTP server, or a missing model, makes the tests SKIP with the reason."""
+without the HTTP server, a missing model or a missing `openai` module makes the tests SKIP
+with the reason; with GEIST_SERVE_REQUIRED=1 (scripts/test.sh sets it where
+libcpp-httplib-dev is installed) each of those FAILS instead, so that CI cannot pass
+without testing the server."""
 import json
 import os
 import pathlib
@@ -20,6 +23,24 @@ BIN = pathlib.Path(os.environ.get("GEIST_BIN", ROOT / "build/release/tools/geist
 MODEL = pathlib.Path(os.environ.get("GEIST_MODEL", pathlib.Path.home() / ".cache/geist/models/gemma-3-270m-q4_k_m.gguf"))
 TINY = ROOT / "tests/data/tiny_gemma3.gguf"
 API_KEY = "test-key-123"
+SERVE_REQUIRED = os.environ.get("GEIST_SERVE_REQUIRED") == "1"
+
+
+def skip_or_fail(reason, required=SERVE_REQUIRED, flag="GEIST_SERVE_REQUIRED"):
+    """SKIP with the reason; FAIL instead where `flag`=1 says the capability must be here."""
+    if required:
+        pytest.fail(f"{reason.removeprefix('SKIP: ')}; {flag}=1 says it must be here (scripts/test.sh "
+                    "sets it from the installed packages)", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def import_or_skip(module, required=SERVE_REQUIRED, flag="GEIST_SERVE_REQUIRED"):
+    """The module, or SKIP (FAIL where `flag`=1) when it cannot be imported."""
+    try:
+        return __import__(module)
+    except ImportError as e:
+        skip_or_fail(f"SKIP: no {module} module ({e}; scripts/test.sh installs it into build/pydeps)",
+                     required, flag)
 
 
 def free_port():
@@ -88,11 +109,11 @@ class Server:
 
 def _check_binary():
     if not BIN.exists():
-        pytest.skip(f"SKIP: no geist binary at {BIN} (build it, or set GEIST_BIN)")
+        skip_or_fail(f"SKIP: no geist binary at {BIN} (build it, or set GEIST_BIN)")
     probe = subprocess.run([str(BIN), "serve", "-m", "/nonexistent.gguf", "--port", "1"], capture_output=True,
                            text=True, timeout=60)
     if "no HTTP server" in probe.stderr:
-        pytest.skip("SKIP: this geist was built without cpp-httplib, so it has no server")
+        skip_or_fail("SKIP: this geist was built without cpp-httplib, so it has no server")
 
 
 @pytest.fixture(scope="session")
@@ -103,7 +124,7 @@ def start_server(tmp_path_factory):
 
     def start(args, model=MODEL):
         if not pathlib.Path(model).exists():
-            pytest.skip(f"SKIP: model {model} is missing (python3 scripts/fetch_model.py)")
+            skip_or_fail(f"SKIP: model {model} is missing (python3 scripts/fetch_model.py)")
         s = Server(args, model, tmp_path_factory.mktemp("serve") / "server.log")
         servers.append(s)
         return s
@@ -121,7 +142,7 @@ def srv(start_server):
 
 @pytest.fixture(scope="session")
 def client(srv):
-    openai = pytest.importorskip("openai")
+    openai = import_or_skip("openai")
     return openai.OpenAI(base_url=srv.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
 
 

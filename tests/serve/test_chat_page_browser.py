@@ -5,7 +5,9 @@ model, and Stop ends the generation on the server. A screenshot of the page is k
 build/serve-browser/chat_page.png (scripts/test.sh names it).
 
 CHROMIUM and CHROMEDRIVER name the binaries (default /usr/bin/chromium,
-/usr/bin/chromedriver). Without them or without selenium the test says SKIP and why."""
+/usr/bin/chromedriver). Without them or without selenium the test says SKIP and why; with
+GEIST_BROWSER_REQUIRED=1 (scripts/test.sh sets it where Debian's chromium and
+chromium-driver are installed) it FAILS instead."""
 import json
 import os
 import pathlib
@@ -14,11 +16,12 @@ import time
 
 import pytest
 
-from conftest import API_KEY, ROOT, http
+from conftest import API_KEY, ROOT, http, import_or_skip, skip_or_fail
 
 CHROMIUM = os.environ.get("CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = os.environ.get("CHROMEDRIVER") or shutil.which("chromedriver") or "/usr/bin/chromedriver"
 SHOTS = ROOT / "build/serve-browser"
+BROWSER_REQUIRED = os.environ.get("GEIST_BROWSER_REQUIRED") == "1"
 SYSTEM = "You are a pirate. Answer every question in one short sentence, as a pirate would."
 
 
@@ -26,12 +29,11 @@ SYSTEM = "You are a pirate. Answer every question in one short sentence, as a pi
 def browser():
     for path, pkg in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
         if not pathlib.Path(path).exists():
-            pytest.skip(f"SKIP: no {path} (apt-get install {pkg}; scripts/install_deps.sh does)")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        pytest.skip("SKIP: no selenium module (scripts/test.sh installs it into build/pydeps)")
+            skip_or_fail(f"SKIP: no {path} (apt-get install {pkg}; scripts/install_deps.sh does)",
+                         BROWSER_REQUIRED, "GEIST_BROWSER_REQUIRED")
+    import_or_skip("selenium", BROWSER_REQUIRED, "GEIST_BROWSER_REQUIRED")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
     os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager download a browser or driver
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
@@ -42,7 +44,8 @@ def browser():
     try:
         driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
     except Exception as e:  # e.g. Ubuntu's chromium package, a stub that wants snapd
-        pytest.skip(f"SKIP: Chromium ({CHROMIUM}, {CHROMEDRIVER}) does not start: {str(e).splitlines()[0]}")
+        skip_or_fail(f"SKIP: Chromium ({CHROMIUM}, {CHROMEDRIVER}) does not start: {str(e).splitlines()[0]}",
+                     BROWSER_REQUIRED, "GEIST_BROWSER_REQUIRED")
     driver.set_page_load_timeout(30)
     yield driver
     driver.quit()

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from conftest import API_KEY, TINY, http
+from conftest import API_KEY, TINY, http, import_or_skip
 
-openai = pytest.importorskip("openai")
+openai = import_or_skip("openai")
 
 # About 240 tokens of system text, as the pinned-prefix workload has.
 SYSTEM = " ".join(f"Rule {i}: when asked about figure {i}, answer in one short sentence." for i in range(18))
