@@ -522,6 +522,9 @@ void Engine::step() {
     std::lock_guard<std::mutex> lk(mu_);
     stats_.prefill_seconds += sec * prefill_rows / double(rows);
     stats_.prefilled_tokens += rows - ds.size();
+    ++stats_.steps;
+    stats_.step_sequences += ds.size() + ps.size();
+    if (!ds.empty() && !ps.empty()) ++stats_.steps_mixed;
     if (!ds.empty()) {
       stats_.decode_seconds += sec * double(ds.size()) / double(rows);
       ++stats_.decode_steps;

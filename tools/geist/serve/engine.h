@@ -99,6 +99,9 @@ struct EngineStats {
   uint64_t cache_hits = 0, slot_hits = 0, misses = 0;
   uint64_t snapshots_taken = 0, snapshot_bytes_taken = 0;
   uint64_t decode_steps = 0, decode_rows = 0;
+  // Every forward step; the sequences it advanced (its decode rows plus its prompt chunks,
+  // one per request); steps that held prompt rows and decode rows together.
+  uint64_t steps = 0, step_sequences = 0, steps_mixed = 0;
   double prefill_seconds = 0, decode_seconds = 0, snapshot_seconds = 0, restore_seconds = 0;
   size_t queue_depth = 0, slots_busy = 0, slots_total = 0;
   size_t cache_entries = 0, cache_bytes = 0, cache_capacity = 0;

@@ -586,6 +586,14 @@ std::string Server::metrics_text() const {
   metric("snapshot_buffers_reused_total", "counter",
          "States saved into a state evicted to make their room (no allocation).",
          double(s.snapshot_buffers_reused));
+  metric("steps_total", "counter",
+         "Engine steps (forward passes over the decoding slots and the prompt chunks due).",
+         double(s.steps));
+  metric("step_sequences_total", "counter",
+         "Requests advanced by those steps (decode rows plus prompt chunks, summed over steps).",
+         double(s.step_sequences));
+  metric("steps_mixed_total", "counter",
+         "Steps that held prompt rows and decode rows together.", double(s.steps_mixed));
   metric("decode_steps_total", "counter", "Batched decode steps.", double(s.decode_steps));
   metric("decode_rows_total", "counter", "Tokens decoded by those steps (rows per step summed).",
          double(s.decode_rows));
