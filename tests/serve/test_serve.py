@@ -118,6 +118,45 @@ def test_seeds(client):
     assert len(others) > 1  # four seeds at temperature 1 over 20 tokens do not all agree
 
 
+# Sampling with nothing truncated: at temperature 1.5 five seeds do not all give the greedy
+# text. Each truncation below at its extreme leaves only the most likely token, so it must
+# give the greedy text for every one of these seeds; a server that ignored the parameter
+# would give the untruncated texts, of which test_untruncated_sampling_differs_from_greedy
+# shows at least one differs.
+UNTRUNCATED = {"temperature": 1.5, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+SAMPLING_SEEDS = (1, 2, 3, 4, 5)
+
+
+def complete_text(client, prompt="Once upon a time", max_tokens=8, **kw):
+    extra = {k: kw.pop(k) for k in ("top_k", "min_p", "repeat_penalty") if k in kw}
+    return client.completions.create(model="m", prompt=prompt, max_tokens=max_tokens, extra_body=extra,
+                                     **kw).choices[0].text
+
+
+def test_untruncated_sampling_differs_from_greedy(client):
+    greedy = complete_text(client, temperature=0)
+    sampled = [complete_text(client, seed=s, **UNTRUNCATED) for s in SAMPLING_SEEDS]
+    assert any(t != greedy for t in sampled), (greedy, sampled)
+
+
+@pytest.mark.parametrize("param,value", [("top_k", 1), ("top_p", 0.001), ("min_p", 1.0)])
+def test_extreme_truncation_is_greedy(client, param, value):
+    greedy = complete_text(client, temperature=0)
+    for s in SAMPLING_SEEDS:
+        assert complete_text(client, seed=s, **dict(UNTRUNCATED, **{param: value})) == greedy, (param, s)
+
+
+def test_repeat_penalty_changes_a_repeating_greedy_text(client):
+    # Greedy continues the list (" 4, 5, 6, ..."), repeating the prompt's ", ": a penalty on
+    # the tokens seen steers away from them; 1.0 is no penalty (the server's default).
+    prompt = "The list of numbers: 1, 2, 3,"
+    greedy = complete_text(client, prompt, max_tokens=24, temperature=0)
+    assert greedy.count(",") >= 4, greedy
+    assert complete_text(client, prompt, max_tokens=24, temperature=0, repeat_penalty=1.0) == greedy
+    penalised = complete_text(client, prompt, max_tokens=24, temperature=0, repeat_penalty=1.3)
+    assert penalised.count(",") < greedy.count(","), (greedy, penalised)
+
+
 def test_chat_logprobs(client):
     r = chat(client, "What is in figure 1?", max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
     content = r.choices[0].logprobs.content
