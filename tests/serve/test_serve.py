@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import API_KEY, TINY, http, import_or_skip
+from conftest import API_KEY, ROOT, TINY, http, import_or_skip
 
 openai = import_or_skip("openai")
 
@@ -182,6 +182,66 @@ def test_completion_logprobs(client):
     assert len(lp.tokens) == 5 and len(lp.token_logprobs) == 5 and len(lp.top_logprobs) == 5
     assert "".join(lp.tokens) == r.choices[0].text
     assert all(len(t) == 2 for t in lp.top_logprobs)
+
+
+# A conversation with a system text, an assistant turn and untrimmed contents.
+CONVERSATION = [{"role": "system", "content": " You are terse. "}, {"role": "user", "content": " Name a colour. "},
+                {"role": "assistant", "content": "Blue.\n"}, {"role": "user", "content": "And another one?"}]
+
+
+def gemma3_template():
+    # docs/model-spec.md 7.8, Gemma 3: the system text folded into the first user turn,
+    # contents trimmed; without the leading <bos>, which /v1/completions adds.
+    return ("<start_of_turn>user\nYou are terse.\n\nName a colour.<end_of_turn>\n<start_of_turn>model\n"
+            "Blue.<end_of_turn>\n<start_of_turn>user\nAnd another one?<end_of_turn>\n<start_of_turn>model\n")
+
+
+def gemma4_template():
+    # docs/model-spec.md 7.8, Gemma 4: a system turn of its own; <bos> left to /v1/completions.
+    return ("<|turn>system\nYou are terse.<turn|>\n<|turn>user\nName a colour.<turn|>\n<|turn>model\n"
+            "Blue.<turn|>\n<|turn>user\nAnd another one?<turn|>\n<|turn>model\n")
+
+
+def assert_chat_is_the_template(url, headers, template):
+    """The chat request's prompt is `template` (tokenized with specials, one BOS): same
+    token count, the same greedy reply and top-5 logprobs as a completion of the
+    template, and the template's prompt finds the chat's prompt-end cache entry (keyed by
+    its exact tokens) whole."""
+    def post(path, body):
+        status, _, raw = http("POST", url + path, body, headers)
+        assert status == 200, raw
+        return json.loads(raw)
+    chat_r = post("/v1/chat/completions", {"messages": CONVERSATION, "max_tokens": 8, "temperature": 0,
+                                           "logprobs": True, "top_logprobs": 5})
+    toks = post("/tokenize", {"content": template, "add_special": True, "with_pieces": True})["tokens"]
+    assert [t["piece"] for t in toks[:2]] != ["<bos>", "<bos>"] and toks[0]["piece"] == "<bos>"
+    assert chat_r["usage"]["prompt_tokens"] == len(toks)
+    cold = post("/v1/completions", {"prompt": template, "max_tokens": 8, "temperature": 0, "logprobs": 5,
+                                    "cache_prompt": False})
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert cold["choices"][0]["text"] == chat_r["choices"][0]["message"]["content"]
+    assert cold["choices"][0]["finish_reason"] == chat_r["choices"][0]["finish_reason"]
+    chat_lp = chat_r["choices"][0]["logprobs"]["content"]
+    lp = cold["choices"][0]["logprobs"]
+    assert [t["logprob"] for t in chat_lp] == lp["token_logprobs"]
+    assert [t["token"] for t in chat_lp] == lp["tokens"]
+    # Completions key the top tokens by piece in a map ordered by the piece's bytes; pieces
+    # that are not valid UTF-8 all print as U+FFFD, and the last such key read wins. The
+    # chat's lists folded the same way:
+    def folded(top):
+        return {x["token"]: x["logprob"] for x in sorted(top, key=lambda x: bytes(x["bytes"]))}
+    assert [folded(t["top_logprobs"]) for t in chat_lp] == lp["top_logprobs"]
+    warm = post("/v1/completions", {"prompt": template, "max_tokens": 1, "temperature": 0})
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] == warm["usage"]["prompt_tokens"]
+
+
+def test_gemma3_chat_prompt_is_the_template(srv, auth):
+    assert_chat_is_the_template(srv.url, auth, gemma3_template())
+
+
+def test_gemma4_chat_prompt_is_the_template(start_server):
+    s = start_server(["-c", "1024", "--parallel", "1", "-q"], model=ROOT / "tests/data/gemma4/tiny_gemma4_a_q8_0.gguf")
+    assert_chat_is_the_template(s.url, {"Content-Type": "application/json"}, gemma4_template())
 
 
 def test_errors_are_openai_shaped(srv, client, auth):
