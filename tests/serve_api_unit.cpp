@@ -1,11 +1,17 @@
 // geist serve's model-free units: request parsing and its OpenAI-shaped errors, stop
-// strings over streamed text, and the prefix cache's LRU and byte accounting.
+// strings over streamed text, the prefix cache's LRU and byte accounting, and the disk
+// cache's file names and removal of stale temporary files.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "cache_files.h"
 #include "openai_api.h"
 #include "prefix_cache.h"
 #include "stop_matcher.h"
@@ -394,6 +400,78 @@ TEST(ServeApiUnit, TokensHashAndCommonPrefix) {
   EXPECT_EQ(common_prefix(a, 3, b, 3), 2u);
   EXPECT_EQ(common_prefix(a, 0, b, 3), 0u);
   EXPECT_EQ(common_prefix(a, 3, a, 3), 3u);
+}
+
+TEST(ServeApiUnit, CacheFileNames) {
+  uint64_t h = 0;
+  EXPECT_TRUE(cache_entry_name("00000000000000ff.geistsnap", &h));
+  EXPECT_EQ(h, 0xffu);
+  for (const char *bad : {"00000000000000FF.geistsnap", "00000000000000ff.geistsnap.tmp.12",
+                          "0000000000000ff.geistsnap", "00000000000000ff.geistsnapx", "x.geistsnap"}) {
+    EXPECT_FALSE(cache_entry_name(bad, &h)) << bad;
+  }
+  long pid = 0;
+  EXPECT_EQ(cache_temp_name("d/00000000000000ff.geistsnap", 42), "d/00000000000000ff.geistsnap.tmp.42");
+  EXPECT_TRUE(cache_temp_name_pid("00000000000000ff.geistsnap.tmp.42", &pid));
+  EXPECT_EQ(pid, 42);
+  for (const char *bad : {"00000000000000ff.geistsnap.tmp.", "00000000000000ff.geistsnap.tmp.042",
+                          "00000000000000ff.geistsnap.tmp.0", "00000000000000ff.geistsnap.tmp.4x",
+                          "00000000000000ff.geistsnap.tmp.1234567890", "00000000000000fF.geistsnap.tmp.42",
+                          "00000000000000ff.geistsnap.tmp42", "notes.geistsnap.tmp.42", "00000000000000ff.geistsnap"}) {
+    EXPECT_FALSE(cache_temp_name_pid(bad, &pid)) << bad;
+  }
+}
+
+TEST(ServeApiUnit, OnlyStaleTemporaryFilesOfGeistAreRemoved) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("geist_serve_api_unit_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const pid_t child = fork();  // a pid that no process has (once reaped)
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  const std::string dead = std::to_string(child), self = std::to_string(getpid()),
+                    parent = std::to_string(getppid());
+  auto put = [&](const std::string &name, const std::string &bytes) {
+    std::ofstream(dir / name, std::ios::binary) << bytes;
+  };
+  auto tmp = [](char c, const std::string &pid) { return std::string(16, c) + ".geistsnap.tmp." + pid; };
+  const std::string magic = "GEISTSNP and the rest";
+  // Removed: a gone writer's file with nothing, part of the magic, or the magic and more
+  // written; this process's (a server calls this before it writes).
+  put(tmp('1', dead), magic);
+  put(tmp('2', dead), "");
+  put(tmp('3', dead), "GEI");
+  put(tmp('4', self), magic);
+  // Kept: a running writer's, other bytes, a symlink, a directory, other names.
+  put(tmp('5', parent), magic);
+  put(tmp('6', dead), "not a snapshot");
+  put("target", magic);
+  fs::create_symlink(dir / "target", dir / tmp('7', dead));
+  fs::create_directory(dir / tmp('8', dead));
+  const std::vector<std::string> others = {std::string(16, 'a') + ".geistsnap", "notes.geistsnap.tmp." + dead,
+                                           std::string(16, 'b') + ".geistsnap.tmp.0" + dead,
+                                           std::string(16, 'B') + ".geistsnap.tmp." + dead, "target"};
+  for (const std::string &o : others) {
+    if (!fs::exists(dir / o)) put(o, magic);
+  }
+  size_t kept = 0;
+  std::string why;
+  EXPECT_EQ(cache_remove_stale_temps(dir.string(), &kept, &why), 4u);
+  EXPECT_EQ(kept, 4u) << why;
+  for (char c : {'1', '2', '3'}) EXPECT_FALSE(fs::exists(fs::symlink_status(dir / tmp(c, dead)))) << c;
+  EXPECT_FALSE(fs::exists(dir / tmp('4', self)));
+  EXPECT_TRUE(fs::is_regular_file(dir / tmp('5', parent)));
+  EXPECT_TRUE(fs::is_regular_file(dir / tmp('6', dead)));
+  EXPECT_TRUE(fs::is_symlink(dir / tmp('7', dead)));
+  EXPECT_TRUE(fs::is_directory(dir / tmp('8', dead)));
+  for (const std::string &o : others) EXPECT_TRUE(fs::is_regular_file(dir / o)) << o;
+  std::ifstream t(dir / "target", std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(t), {}), magic);
+  EXPECT_EQ(cache_remove_stale_temps((dir / "absent").string(), &kept), 0u);
+  EXPECT_EQ(kept, 0u);
+  fs::remove_all(dir);
 }
 
 }  // namespace

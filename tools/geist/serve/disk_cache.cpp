@@ -11,35 +11,19 @@
 #include <cstring>
 #include <filesystem>
 
+#include "cache_files.h"
+
 namespace geist::serve {
 
 namespace fs = std::filesystem;
 
 namespace {
 
-constexpr char kSuffix[] = ".geistsnap";
-constexpr char kMagic[] = "GEISTSNP";
-
-// The hash in a name "<16 hex>.geistsnap"; false for any other name.
-bool parse_name(const std::string &name, uint64_t *hash) {
-  if (name.size() != 16 + sizeof kSuffix - 1 || name.compare(16, std::string::npos, kSuffix) != 0)
-    return false;
-  uint64_t h = 0;
-  for (int i = 0; i < 16; ++i) {
-    const char c = name[size_t(i)];
-    const int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-    if (v < 0) return false;
-    h = h << 4 | uint64_t(v);
-  }
-  *hash = h;
-  return true;
-}
-
 bool starts_with_magic(const std::string &path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return false;
   char b[8];
-  const bool ok = ::read(fd, b, 8) == 8 && std::memcmp(b, kMagic, 8) == 0;
+  const bool ok = ::read(fd, b, 8) == 8 && std::memcmp(b, kCacheFileMagic, 8) == 0;
   ::close(fd);
   return ok;
 }
@@ -60,7 +44,7 @@ bool write_all(int fd, const uint8_t *p, size_t n) {
 std::string DiskCache::path_of(uint64_t hash) const {
   char b[32];
   std::snprintf(b, sizeof b, "%016" PRIx64, hash);
-  return dir_ + "/" + b + kSuffix;
+  return dir_ + "/" + b + kCacheFileSuffix;
 }
 
 api::Error DiskCache::open() {
@@ -73,6 +57,19 @@ api::Error DiskCache::open() {
   // The rule geist applies to every snapshot it writes, on a name of ours.
   if (api::Error e = api::snapshot_file_check(path_of(0))) {
     return api::Error{e.status, "--cache-dir '" + dir_ + "': " + e.message};
+  }
+  // A server killed while it wrote an entry left its temporary file (never an entry: the
+  // rename is atomic). Only those are removed, before this process writes any.
+  size_t kept = 0;
+  std::string why;
+  const size_t removed = cache_remove_stale_temps(dir_, &kept, &why);
+  if (removed > 0) {
+    std::fprintf(stderr, "geist serve: cache dir %s: removed %zu temporary file%s of a writer that did not finish\n",
+                 dir_.c_str(), removed, removed == 1 ? "" : "s");
+  }
+  if (kept > 0) {
+    std::fprintf(stderr, "geist serve: cache dir %s: left %zu file%s with a temporary name (%s)\n",
+                 dir_.c_str(), kept, kept == 1 ? "" : "s", why.c_str());
   }
   thread_ = std::thread([this] { writer(); });
   return {};
@@ -89,7 +86,7 @@ std::vector<DiskCache::File> DiskCache::read_all(size_t max_bytes) const {
   std::error_code ec;
   for (const fs::directory_entry &de : fs::directory_iterator(dir_, ec)) {
     uint64_t h = 0;
-    if (!parse_name(de.path().filename().string(), &h)) continue;
+    if (!cache_entry_name(de.path().filename().string(), &h)) continue;
     std::error_code e2;
     if (!de.is_regular_file(e2) || de.is_symlink(e2)) continue;
     found.push_back({de.path().string(), h, de.last_write_time(e2), de.file_size(e2)});
@@ -200,7 +197,7 @@ void DiskCache::write_one(uint64_t hash, const api::State &state) {
                  e.message.c_str());
     return;
   }
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const std::string tmp = cache_temp_name(path, long(::getpid()));
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) {
     std::fprintf(stderr, "geist serve: warning: cannot create '%s': %s\n", tmp.c_str(),
@@ -232,7 +229,7 @@ void DiskCache::touch_one(uint64_t hash) {
   struct stat st {};
   char b[8];
   if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ::pread(fd, b, 8, 0) == 8 &&
-      std::memcmp(b, kMagic, 8) == 0) {
+      std::memcmp(b, kCacheFileMagic, 8) == 0) {
     ::futimens(fd, nullptr);  // both times to now
   }
   ::close(fd);
@@ -251,7 +248,7 @@ void DiskCache::enforce_budget() {
   for (const fs::directory_entry &de : fs::directory_iterator(dir_, ec)) {
     uint64_t h = 0;
     std::error_code e2;
-    if (!parse_name(de.path().filename().string(), &h) || de.is_symlink(e2) ||
+    if (!cache_entry_name(de.path().filename().string(), &h) || de.is_symlink(e2) ||
         !de.is_regular_file(e2))
       continue;
     if (!starts_with_magic(de.path().string())) continue;

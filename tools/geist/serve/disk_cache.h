@@ -14,7 +14,9 @@
 //   (checksum included) before it is used, and one whose name is not its tokens' hash is
 //   skipped. A corrupt or foreign file is reported and ignored, never served.
 // - The files geist wrote are kept under a byte budget, the least recently used removed
-//   first.
+//   first. open() removes the temporary files that a server killed while writing left
+//   (cache_remove_stale_temps: geist's temporary names and bytes, of a process that is
+//   gone); nothing else in the directory is ever removed or replaced.
 // Thread-safe: put() and touch() from the engine thread, the rest from the server's main thread.
 #pragma once
 
