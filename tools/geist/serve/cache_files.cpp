@@ -97,7 +97,8 @@ size_t cache_remove_stale_temps(const std::string &dir, size_t *kept, std::strin
     }
     struct stat st {};
     char b[8] = {};
-    const ssize_t got = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? ::pread(fd, b, sizeof b, 0) : -1;
+    const ssize_t got =
+        ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? ::pread(fd, b, sizeof b, 0) : -1;
     ::close(fd);
     // What a writer of ours had written: nothing yet, part of the magic, or the magic.
     const bool ours = got >= 0 && size_t(got) == std::min<size_t>(sizeof b, size_t(st.st_size)) &&

@@ -64,7 +64,8 @@ api::Error DiskCache::open() {
   std::string why;
   const size_t removed = cache_remove_stale_temps(dir_, &kept, &why);
   if (removed > 0) {
-    std::fprintf(stderr, "geist serve: cache dir %s: removed %zu temporary file%s of a writer that did not finish\n",
+    std::fprintf(stderr,
+                 "geist serve: cache dir %s: removed %zu temporary file%s left by a writer\n",
                  dir_.c_str(), removed, removed == 1 ? "" : "s");
   }
   if (kept > 0) {

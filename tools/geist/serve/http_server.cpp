@@ -592,8 +592,8 @@ std::string Server::metrics_text() const {
   metric("step_sequences_total", "counter",
          "Requests advanced by those steps (decode rows plus prompt chunks, summed over steps).",
          double(s.step_sequences));
-  metric("steps_mixed_total", "counter",
-         "Steps that held prompt rows and decode rows together.", double(s.steps_mixed));
+  metric("steps_mixed_total", "counter", "Steps that held prompt rows and decode rows together.",
+         double(s.steps_mixed));
   metric("decode_steps_total", "counter", "Batched decode steps.", double(s.decode_steps));
   metric("decode_rows_total", "counter", "Tokens decoded by those steps (rows per step summed).",
          double(s.decode_rows));
