@@ -4,12 +4,13 @@ queue, and shutdown."""
 import json
 import signal
 import socket
+import subprocess
 import threading
 import time
 
 import pytest
 
-from conftest import API_KEY, ROOT, TINY, http, import_or_skip
+from conftest import API_KEY, BIN, MODEL, ROOT, TINY, free_port, http, import_or_skip
 
 openai = import_or_skip("openai")
 
@@ -529,6 +530,110 @@ def test_sigterm_finishes_running_requests_and_exits_zero(start_server):
 def test_sigint_with_no_requests_exits_zero(start_server):
     srv = start_server(["-c", "1024", "-q"], model=TINY)
     assert srv.stop(signal.SIGINT) == 0
+
+
+def listening_addresses(port):
+    """The local addresses (hex, as /proc/net/tcp and tcp6 write them) of the sockets that
+    listen on `port`."""
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            addr, p = local.split(":")
+            if state == "0A" and int(p, 16) == port:  # 0A: LISTEN
+                out.add(addr)
+    return out
+
+
+def test_default_bind_is_loopback_only(srv):
+    # The session's server was started without --host.
+    assert listening_addresses(srv.port) == {"0100007F"}  # 127.0.0.1, and no IPv6 socket
+
+
+def test_sigterm_cancels_a_request_longer_than_the_grace_time(start_server):
+    srv = start_server(["-c", "2048", "--parallel", "1", "--shutdown-grace", "0.5", "-q"])
+    result = {}
+
+    def run():
+        result["r"] = http("POST", srv.url + "/v1/completions",
+                           {"prompt": "Once upon a time", "max_tokens": 1500, "temperature": 1.0, "seed": 5,
+                            "top_k": 0, "min_p": 0.0}, timeout=60)  # about 20 s on 2 cores
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.time() + 20
+    while srv.metrics()["geist_generated_tokens_total"] < 5:
+        assert time.time() < deadline
+        time.sleep(0.02)
+    t0 = time.time()
+    srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(30) == 0
+    elapsed = time.time() - t0
+    t.join(30)
+    assert elapsed < 3, f"exited {elapsed:.1f} s after SIGTERM with a 0.5 s grace"
+    out = srv.output()
+    assert "cancelling the requests still running" in out and "stopped" in out, out
+    status, _, raw = result["r"]
+    assert status == 503 and json.loads(raw)["error"]["code"] == "cancelled", raw
+
+
+def test_sigterm_flushes_the_disk_cache(start_server, tmp_path):
+    # A long system text, a short question and one token: the system text's entry (~40
+    # MB) is queued for the writer a few tokens before the prompt's end, so the answer
+    # comes while the writer still writes it and the prompt end's entry waits behind it;
+    # SIGTERM right then must still put the prompt's end on disk, where a restarted server
+    # restores it whole.
+    cache = tmp_path / "cache"
+    args = ["-c", "4096", "--parallel", "1", "-q", "--cache-dir", str(cache)]
+    body = {"messages": [{"role": "system", "content": SYSTEM * 4}, {"role": "user", "content": "Figure 3?"}],
+            "max_tokens": 1, "temperature": 0}
+    first = start_server(args)
+    status, _, raw = http("POST", first.url + "/v1/chat/completions", body)
+    assert first.stop() == 0
+    assert status == 200, raw
+    before = json.loads(raw)
+    assert before["usage"]["prompt_tokens"] > 1000
+    assert not [n for n in cache.iterdir() if ".tmp." in n.name]
+    second = start_server(args)
+    status, _, raw = http("POST", second.url + "/v1/chat/completions", body)
+    after = json.loads(raw)
+    assert after["usage"]["prompt_tokens_details"]["cached_tokens"] == after["usage"]["prompt_tokens"], second.output()
+    assert after["choices"][0]["message"]["content"] == before["choices"][0]["message"]["content"]
+
+
+def test_health_is_503_while_the_model_loads(tmp_path):
+    # The server listens before it loads the model (about 1 s for the default model here):
+    # /health, generation and /metrics answer meanwhile, saying so.
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with open(tmp_path / "server.log", "wb") as log:
+        proc = subprocess.Popen([str(BIN), "serve", "-m", str(MODEL), "--port", str(port), "-q"], stdout=log,
+                                stderr=subprocess.STDOUT)
+    try:
+        loading, deadline = [], time.time() + 60
+        while time.time() < deadline:
+            try:
+                status, _, raw = http("GET", url + "/health", timeout=2)
+            except OSError:  # not listening yet
+                time.sleep(0.005)
+                continue
+            if status == 200:
+                break
+            loading.append((status, json.loads(raw)))
+            if len(loading) == 1:
+                gen = http("POST", url + "/v1/completions", {"prompt": "hi", "max_tokens": 1})
+                metrics = http("GET", url + "/metrics")[2].decode()
+        assert status == 200, (tmp_path / "server.log").read_text()
+        assert loading, "never saw the server loading: /health was 200 at once"
+        assert all(x == (503, {"status": "loading"}) for x in loading), loading
+        assert gen[0] == 503 and json.loads(gen[2])["error"]["code"] == "loading"
+        assert "\ngeist_ready 0\n" in metrics
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def test_cache_dir_survives_a_restart(start_server, tmp_path):
