@@ -345,6 +345,58 @@ def test_prefix_cache_is_exact(srv, client):
     assert m["geist_prefix_cache_bytes"] <= m["geist_prefix_cache_capacity_bytes"]
 
 
+# About 800 tokens: past the default model's sliding window (512 positions on 5 of its 6
+# layers), so a state restored at its end holds the window's rows, not the whole prefix.
+LONG = " ".join(f"Entry {i}: the {('red', 'green', 'blue')[i % 3]} box on shelf {i} holds {i * 13 % 97} coins."
+                for i in range(40))
+
+
+def test_prefix_cache_is_exact_past_the_sliding_window(srv, auth):
+    def ask(path, body):
+        """(answer with logprobs, prompt tokens, cached tokens, cache source)"""
+        status, _, raw = http("POST", srv.url + path, dict(body, max_tokens=8, temperature=0), auth)
+        assert status == 200, raw
+        r = json.loads(raw)
+        c = r["choices"][0]
+        if path == "/v1/completions":
+            lp = c["logprobs"]
+            answer = (c["text"], c["finish_reason"], lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])
+        else:
+            answer = (c["message"]["content"], c["finish_reason"],
+                      [(t["token"], t["logprob"], [(x["token"], x["logprob"]) for x in t["top_logprobs"]])
+                       for t in c["logprobs"]["content"]])
+        u = r["usage"]
+        return answer, u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"], r["timings"]["cache_source"]
+
+    def exact(path, body, min_cached, sources=("cache",)):
+        warm, n, cached, source = ask(path, body)
+        cold, _, cold_cached, _ = ask(path, dict(body, cache_prompt=False))
+        assert cached >= min_cached and source in sources, (cached, source)
+        assert cold_cached == 0
+        assert warm == cold
+        return warm, n
+
+    status, _, raw = http("POST", srv.url + "/tokenize", {"content": LONG, "add_special": True}, auth)
+    n_long = len(json.loads(raw)["tokens"])
+    assert n_long > 700, n_long
+    # 1. A prompt past the window, then one that extends it: the second restores the
+    # first's prompt-end state and computes only its own tail.
+    completion = {"logprobs": 5}
+    ask("/v1/completions", dict(completion, prompt=LONG))
+    exact("/v1/completions", dict(completion, prompt=LONG + " Question: which box holds the most coins?"), n_long)
+    # 2. Two chats on one system text longer than the window: the second restores the
+    # first's state at the system text's end.
+    chat_kw = {"logprobs": True, "top_logprobs": 5}
+    msgs = [{"role": "system", "content": LONG}, {"role": "user", "content": "Which shelf has the red box 9?"}]
+    ask("/v1/chat/completions", dict(chat_kw, messages=msgs))
+    msgs[1]["content"] = "How many coins are on shelf 20?"
+    (reply, _, _), n_first = exact("/v1/chat/completions", dict(chat_kw, messages=msgs), n_long - 8)
+    # 3. The conversation's next turn continues from that request's tokens (its prompt-end
+    # state, or a live slot), past the window.
+    msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": "And on shelf 21?"}]
+    exact("/v1/chat/completions", dict(chat_kw, messages=msgs), n_first, ("slot", "cache"))
+
+
 def test_multi_turn_reuses_the_conversation(client):
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is in figure 3?"}]
     r1 = client.chat.completions.create(model="m", messages=msgs, max_tokens=12, temperature=0)
