@@ -118,16 +118,25 @@ struct Attn {
       for (int j = 0; j < 4; ++j) k4[j] = kp[i + j < n ? i + j : i];
       scores4<NH, KL>(q, k4, D, a.scale, s, i);
     }
+    // The heads' maxima and sums are chains over the keys; walked with the heads inside,
+    // the NH chains run side by side (each head's order, and so its bits, unchanged).
+    float mx[NH], sum[NH];
     for (int h = 0; h < NH; ++h) {
-      float mx = m[h];
-      for (int i = 0; i < n; ++i) mx = s[h][i] > mx ? s[h][i] : mx;
-      for (int i = n; i < 16; ++i) s[h][i] = mx;  // padding lanes: never used
-      for (int i = 0; i < 16; i += L) S::storef(p[h] + i, S::exp(S::sub(S::loadf(s[h] + i), S::set1f(mx))));
-      c[h] = S::exp1(m[h] - mx);
-      float sum = 0.0f;
-      for (int i = 0; i < n; ++i) sum += p[h][i];
-      l[h] = l[h] * c[h] + sum;
-      m[h] = mx;
+      mx[h] = m[h];
+      sum[h] = 0.0f;
+    }
+    for (int i = 0; i < n; ++i)
+      for (int h = 0; h < NH; ++h) mx[h] = s[h][i] > mx[h] ? s[h][i] : mx[h];
+    for (int h = 0; h < NH; ++h) {
+      for (int i = n; i < 16; ++i) s[h][i] = mx[h];  // padding lanes: never used
+      for (int i = 0; i < 16; i += L) S::storef(p[h] + i, S::exp(S::sub(S::loadf(s[h] + i), S::set1f(mx[h]))));
+      c[h] = S::exp1(m[h] - mx[h]);
+    }
+    for (int i = 0; i < n; ++i)
+      for (int h = 0; h < NH; ++h) sum[h] += p[h][i];
+    for (int h = 0; h < NH; ++h) {
+      l[h] = l[h] * c[h] + sum[h];
+      m[h] = mx[h];
     }
   }
 
