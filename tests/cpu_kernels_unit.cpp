@@ -281,8 +281,9 @@ TEST_P(CpuAttention, MatchesGenericAndIsBatchInvariant) {
     int n_head, n_kv, hd, window;
     int64_t depth;
   };
+  // 16 query heads on one KV head: more (row, head) pairs than the kernel keeps on its stack.
   const Geo geos[] = {{4, 1, 256, 0, 300}, {4, 1, 256, 64, 300}, {8, 2, 64, 0, 0}, {6, 2, 32, 16, 40},
-                      {1, 1, 16, 0, 700}};
+                      {1, 1, 16, 0, 700},  {16, 1, 64, 0, 90}};
   ThreadPool pool1(1), pool2(2);
   for (const Geo &G : geos) {
     const bool full = G.hd == 256 && G.window == 0;  // the whole row list on one geometry

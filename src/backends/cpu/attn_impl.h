@@ -99,40 +99,45 @@ struct Attn {
     pv_cols<NH, 1, VL>(o, c, p, v, n, d, D);  // head_dim not a multiple of DV vectors
   }
 
+  // Scores and softmax of one query row for NH heads over n keys of a block: updates the
+  // heads' m and l and leaves p[h][0..n) = exp(s - m') and c[h] = exp(m - m') for pv().
   // kTyped: the typed rows' own copy, kept apart (no_icf: GCC would otherwise merge the
-  // identical instantiations), so that rows<false> alone calls heads<NH, false> and the
+  // identical instantiations), so that rows<false> alone calls softmax<NH, false> and the
   // compiler inlines it there as it did before typed rings existed.
-  // KL: how keys and values are read (FromF32: f32 rows; FromF16 / FromBF16: 16-bit ring
-  // rows in place).
+  // KL: how keys are read (FromF32: f32 rows; FromF16 / FromBF16 / FromQ8: ring rows in
+  // place).
   template <int NH, bool kTyped = false, class KL = FromF32>
-  GEIST_NO_ICF static void heads(const AttentionArgs &a, int r, int hq0, const typename KL::P kp[16],
-                                 const typename KL::P vp[16], int n, float *m, float *l, float *acc) {
+  GEIST_NO_ICF static void softmax(const AttentionArgs &a, int r, int hq0, const typename KL::P kp[], int n,
+                                   float *m, float *l, float p[][16], float *c) {
     const int D = a.head_dim;
     const float *q[NH];
-    float *o[NH];
-    for (int h = 0; h < NH; ++h) {
-      q[h] = a.q + (size_t(r) * a.n_head + hq0 + h) * D;
-      o[h] = acc + size_t(h) * D;
-    }
-    alignas(64) float s[NH][16], p[NH][16];
+    for (int h = 0; h < NH; ++h) q[h] = a.q + (size_t(r) * a.n_head + hq0 + h) * D;
+    alignas(64) float s[NH][16];
     for (int i = 0; i < n; i += 4) {
       typename KL::P k4[4];
       for (int j = 0; j < 4; ++j) k4[j] = kp[i + j < n ? i + j : i];
       scores4<NH, KL>(q, k4, D, a.scale, s, i);
     }
-    float c[NH];
+    // The heads' maxima and sums are chains over the keys; walked with the heads inside,
+    // the NH chains run side by side (each head's order, and so its bits, unchanged).
+    float mx[NH], sum[NH];
     for (int h = 0; h < NH; ++h) {
-      float mx = m[h];
-      for (int i = 0; i < n; ++i) mx = s[h][i] > mx ? s[h][i] : mx;
-      for (int i = n; i < 16; ++i) s[h][i] = mx;  // padding lanes: never used
-      for (int i = 0; i < 16; i += L) S::storef(p[h] + i, S::exp(S::sub(S::loadf(s[h] + i), S::set1f(mx))));
-      c[h] = S::exp1(m[h] - mx);
-      float sum = 0.0f;
-      for (int i = 0; i < n; ++i) sum += p[h][i];
-      l[h] = l[h] * c[h] + sum;
-      m[h] = mx;
+      mx[h] = m[h];
+      sum[h] = 0.0f;
     }
-    pv<NH, KL>(o, c, p, vp, n, D);
+    for (int i = 0; i < n; ++i)
+      for (int h = 0; h < NH; ++h) mx[h] = s[h][i] > mx[h] ? s[h][i] : mx[h];
+    for (int h = 0; h < NH; ++h) {
+      for (int i = n; i < 16; ++i) s[h][i] = mx[h];  // padding lanes: never used
+      for (int i = 0; i < 16; i += L) S::storef(p[h] + i, S::exp(S::sub(S::loadf(s[h] + i), S::set1f(mx[h]))));
+      c[h] = S::exp1(m[h] - mx[h]);
+    }
+    for (int i = 0; i < n; ++i)
+      for (int h = 0; h < NH; ++h) sum[h] += p[h][i];
+    for (int h = 0; h < NH; ++h) {
+      l[h] = l[h] * c[h] + sum[h];
+      m[h] = mx[h];
+    }
   }
 
   // Rows [slot, slot + n) of a ring of type t (wrapping at cap), from byte head_off of
@@ -244,6 +249,20 @@ struct Attn {
       }
     }
     const size_t stride = size_t(a.n_head_kv) * D;
+    // p and c of every row and head of the current block, between the two passes: on the
+    // stack for up to 16 rows of 8 heads (callers give at most 16 rows), else per thread.
+    // (A thread_local vector for every call cost the AVX2 tier ~10 % at 64 rows.)
+    constexpr size_t kStackPairs = 16 * 8;
+    alignas(64) float pc_stack[kStackPairs * 17];
+    const size_t n_pairs = size_t(r1 - r0) * group;
+    float *pc = pc_stack;
+    if (n_pairs > kStackPairs) {
+      static thread_local std::vector<float> heap;
+      if (heap.size() < n_pairs * 17) heap.resize(n_pairs * 17);
+      pc = heap.data();
+    }
+    float(*pbuf)[16] = reinterpret_cast<float(*)[16]>(pc);
+    float *cbuf = pc + n_pairs * 16;
     for (int64_t b0 = u_lo - u_lo % 16; b0 <= u_hi; b0 += 16) {
       const int64_t k0 = std::max(u_lo, b0), k1 = std::min(u_hi, b0 + 15);
       const int n = int(k1 - k0 + 1);
@@ -272,25 +291,43 @@ struct Attn {
         prefetch_rows(a.k, a.k_type, (b0 + 16) % a.kv_cap, a.kv_cap, int64_t(a.n_head_kv) * D, g, D, nn);
         prefetch_rows(a.v, a.v_type, (b0 + 16) % a.kv_cap, a.kv_cap, int64_t(a.n_head_kv) * D, g, D, nn);
       }
+      // Two passes over the rows: every row's scores and softmax (the block's keys and one
+      // row's queries in L1), then every row's sums of values (the values and one row's
+      // accumulators). Done row by row, the keys, values, queries and accumulators together
+      // overflowed L1 (Zen 5's 48 KiB at head_dim 256). Each row's own operations keep
+      // their order, so its bits do not change.
       for (int r = r0; r < r1; ++r) {
         const int64_t j0 = std::max(row_lo(r), b0), j1 = std::min(row_hi(r), b0 + 15);
         if (j0 > j1) continue;
         const int nr = int(j1 - j0 + 1), i0 = int(j0 - k0);
-        P kr[16], vr[16];  // the row's keys of the block
-        for (int i = 0; i < nr; ++i) {
-          kr[i] = kp[i0 + i];
-          vr[i] = vp[i0 + i];
-        }
-        float *m = st[r - r0], *l = m + group, *acc = l + group;
+        float *m = st[r - r0], *l = m + group;
+        float(*pr)[16] = pbuf + size_t(r - r0) * group;
+        float *cr = cbuf + size_t(r - r0) * group;
         for (int h = 0; h < group; h += 4) {
-          const int nh = std::min(4, group - h);
           const int hq0 = g * group + h;
-          float *mh = m + h, *lh = l + h, *ah = acc + size_t(h) * D;
-          switch (nh) {
-            case 4: heads<4, kTyped, KL>(a, r, hq0, kr, vr, nr, mh, lh, ah); break;
-            case 3: heads<3, kTyped, KL>(a, r, hq0, kr, vr, nr, mh, lh, ah); break;
-            case 2: heads<2, kTyped, KL>(a, r, hq0, kr, vr, nr, mh, lh, ah); break;
-            default: heads<1, kTyped, KL>(a, r, hq0, kr, vr, nr, mh, lh, ah); break;
+          switch (std::min(4, group - h)) {
+            case 4: softmax<4, kTyped, KL>(a, r, hq0, kp + i0, nr, m + h, l + h, pr + h, cr + h); break;
+            case 3: softmax<3, kTyped, KL>(a, r, hq0, kp + i0, nr, m + h, l + h, pr + h, cr + h); break;
+            case 2: softmax<2, kTyped, KL>(a, r, hq0, kp + i0, nr, m + h, l + h, pr + h, cr + h); break;
+            default: softmax<1, kTyped, KL>(a, r, hq0, kp + i0, nr, m + h, l + h, pr + h, cr + h); break;
+          }
+        }
+      }
+      for (int r = r0; r < r1; ++r) {
+        const int64_t j0 = std::max(row_lo(r), b0), j1 = std::min(row_hi(r), b0 + 15);
+        if (j0 > j1) continue;
+        const int nr = int(j1 - j0 + 1), i0 = int(j0 - k0);
+        float *acc = st[r - r0] + 2 * group;
+        const float(*pr)[16] = pbuf + size_t(r - r0) * group;
+        const float *cr = cbuf + size_t(r - r0) * group;
+        for (int h = 0; h < group; h += 4) {
+          float *o[4];
+          for (int t = 0; t < 4; ++t) o[t] = acc + size_t(h + t) * D;
+          switch (std::min(4, group - h)) {
+            case 4: pv<4, KL>(o, cr + h, pr + h, vp + i0, nr, D); break;
+            case 3: pv<3, KL>(o, cr + h, pr + h, vp + i0, nr, D); break;
+            case 2: pv<2, KL>(o, cr + h, pr + h, vp + i0, nr, D); break;
+            default: pv<1, KL>(o, cr + h, pr + h, vp + i0, nr, D); break;
           }
         }
       }
