@@ -25,7 +25,7 @@ struct Attn {
   static constexpr int L = S::L;
   static constexpr int DV = S::kAttnDv;  // vectors of head_dim per PV step
 
-  // How heads<> reads elements [d, d + L) of a key or value row as f32: an f32 row, or an
+  // How softmax<> and pv<> read elements [d, d + L) of a key or value row as f32: an f32 row, or an
   // f16 / bf16 row of the ring widened in place (exact: the values load_rows gives).
   struct FromF32 {
     using P = const float *;
@@ -191,8 +191,8 @@ struct Attn {
   // m[group], l[group], acc[group][head_dim] back to back.
   //
   // Each block of 16 keys is read once for all the rows (typed rings: read to f32 rows
-  // once, [16][head_dim] per ring, in L1) and every row that sees part of it runs heads
-  // on that part. A row's arithmetic is exactly that of a call for it alone over its own
+  // once, [16][head_dim] per ring, in L1) and every row that sees part of it runs
+  // softmax and pv on that part. A row's arithmetic is exactly that of a call for it alone over its own
   // keys of [lo, hi]: the same blocks (aligned to 16 absolute positions), the same key
   // counts, the same f32 values; the other rows of the call change nothing.
   // kTyped: false reads F32 rings in place, true reads any types through load_rows;
