@@ -164,9 +164,8 @@ typedef struct geist_backend_info {
 /* GEIST_E_INVALID_ARGUMENT if m or out is NULL. */
 GEIST_API geist_status geist_model_get_backend(const geist_model *m, geist_backend_info *out);
 
-/* Text to token ids. add_bos: prepend BOS if the model has one, unless the text already
- * begins with it (parse_special and a leading "<bos>": one BOS, not two). parse_special:
- * text like "<start_of_turn>" becomes its control token; otherwise it is plain text.
+/* Text to token ids. add_bos: prepend BOS if the model has one. parse_special: text like
+ * "<start_of_turn>" becomes its control token; otherwise it is plain text.
  * out may be NULL when cap is 0 (size query). *n_out is always set on OK and on
  * GEIST_E_BUFFER_TOO_SMALL (then it is the number needed and out is untouched).
  * GEIST_E_INVALID_ARGUMENT  m or n_out NULL, text NULL with len > 0, out NULL with cap > 0 */

@@ -474,10 +474,7 @@ Status Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special
 
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 4);
-  // One BOS: a text that already begins with it (parse_special and a leading "<bos>", a
-  // chat template rendered by hand) does not get another (model-spec 7.7).
-  const bool leads_with_bos = !frags.empty() && frags.front().token >= 0 && frags.front().token == vocab_.bos;
-  if (add_bos && vocab_.add_bos && vocab_.bos >= 0 && !leads_with_bos) ids.push_back(vocab_.bos);
+  if (add_bos && vocab_.add_bos && vocab_.bos >= 0) ids.push_back(vocab_.bos);
   bool prev_special = true;  // a space prefix goes before the first raw fragment too
   std::string prefixed;
   for (const Fragment &f : frags) {
