@@ -216,6 +216,10 @@ def assert_chat_is_the_template(url, headers, template):
                                            "logprobs": True, "top_logprobs": 5})
     toks = post("/tokenize", {"content": template, "add_special": True, "with_pieces": True})["tokens"]
     assert [t["piece"] for t in toks[:2]] != ["<bos>", "<bos>"] and toks[0]["piece"] == "<bos>"
+    # A completion of the template written with its own <bos> gets no second one
+    # (model-spec 7.7; /tokenize, as llama.cpp's tokenizer, gives two).
+    with_bos = post("/v1/completions", {"prompt": "<bos>" + template, "max_tokens": 1, "temperature": 0})
+    assert with_bos["usage"]["prompt_tokens"] == len(toks)
     assert chat_r["usage"]["prompt_tokens"] == len(toks)
     cold = post("/v1/completions", {"prompt": template, "max_tokens": 8, "temperature": 0, "logprobs": 5,
                                     "cache_prompt": False})

@@ -162,6 +162,7 @@ class Server {
   void handle_generate(Endpoint ep, const httplib::Request &req, httplib::Response &res);
   bool build_chat_prompt(const GenRequest &r, Job *job, ApiError *err) const;
   bool build_prompt(const GenRequest &r, Job *job, ApiError *err) const;
+  api::Error tokenize_prompt(const std::string &text, std::vector<geist_token> *out) const;
   json usage_json(const Job::Output &out) const;
   json timings_json(const Job::Output &out) const;
   json logprobs_json(Endpoint ep, const std::vector<TokenLogprob> &lps, size_t from,
@@ -256,6 +257,17 @@ bool Server::build_chat_prompt(const GenRequest &r, Job *job, ApiError *err) con
   return true;
 }
 
+// A completion prompt's tokens: its special tokens parsed, BOS first unless the text begins
+// with it already (a chat template written out by hand). model-spec 7.7: one BOS, never
+// two (the tokenizer, as llama.cpp's, adds BOS whatever the text holds).
+api::Error Server::tokenize_prompt(const std::string &text, std::vector<geist_token> *out) const {
+  if (api::Error e = model_.tokenize(text, false, true, out)) return e;
+  const geist_token bos = model_.info().bos;
+  if (bos >= 0 && !out->empty() && out->front() == bos) return {};
+  out->clear();
+  return model_.tokenize(text, true, true, out);
+}
+
 bool Server::build_prompt(const GenRequest &r, Job *job, ApiError *err) const {
   if (r.endpoint == Endpoint::kChat) {
     if (!build_chat_prompt(r, job, err)) return false;
@@ -270,7 +282,7 @@ bool Server::build_prompt(const GenRequest &r, Job *job, ApiError *err) const {
       }
     }
     job->prompt = r.prompt_tokens;
-  } else if (api::Error e = model_.tokenize(r.prompt, true, true, &job->prompt)) {
+  } else if (api::Error e = tokenize_prompt(r.prompt, &job->prompt)) {
     *err = server_error(500, "tokenizer_error", "cannot tokenize the prompt: " + e.message);
     return false;
   }
