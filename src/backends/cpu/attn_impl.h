@@ -24,6 +24,7 @@ struct Attn {
   using F = typename S::F;
   static constexpr int L = S::L;
   static constexpr int DV = S::kAttnDv;  // vectors of head_dim per PV step
+  static constexpr int kScoreHeads = S::kAttnScoreHeads;  // heads per scores4 call
 
   // How softmax<> and pv<> read elements [d, d + L) of a key or value row as f32: an f32 row, or an
   // f16 / bf16 row of the ring widened in place (exact: the values load_rows gives).
@@ -116,7 +117,12 @@ struct Attn {
     for (int i = 0; i < n; i += 4) {
       typename KL::P k4[4];
       for (int j = 0; j < 4; ++j) k4[j] = kp[i + j < n ? i + j : i];
-      scores4<NH, KL>(q, k4, D, a.scale, s, i);
+      if constexpr (NH > kScoreHeads) {
+        scores4<kScoreHeads, KL>(q, k4, D, a.scale, s, i);
+        scores4<NH - kScoreHeads, KL>(q + kScoreHeads, k4, D, a.scale, s + kScoreHeads, i);
+      } else {
+        scores4<NH, KL>(q, k4, D, a.scale, s, i);
+      }
     }
     // The heads' maxima and sums are chains over the keys; walked with the heads inside,
     // the NH chains run side by side (each head's order, and so its bits, unchanged).

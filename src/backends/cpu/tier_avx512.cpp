@@ -24,6 +24,7 @@ struct Avx512 {
   static constexpr int kQ8Offset = 128;
   static constexpr bool kUnpackOnce = false;
   static constexpr bool kI16Dp = false;  // vpdpbusd sums into int32 (qgemm_impl.h)
+  static constexpr int kAttnScoreHeads = 4;  // attention scores: 4 heads x 4 keys per pass
   static constexpr int kAttnDv = 4;
   static constexpr int kFloatWT = 4;  // float GEMM tile: 4 weight rows x 4 activation rows
   static constexpr int kFloatRT = 4;
