@@ -322,42 +322,38 @@ void BM_PeakReadBandwidth(benchmark::State &st) {
 }
 BENCHMARK(BM_PeakReadBandwidth)->UseRealTime()->Unit(benchmark::kMillisecond);
 
-// Peak int8 rate: 12 independent chains of 512-bit VNNI dot products per thread
-// (64 multiply-adds each), on registers only. The chains are named variables, each an
-// operand of the empty asm: kept in an array, GCC moved part of it through the stack
-// every iteration and the loop measured store-forwarding, not VNNI (0.4 of the real rate:
-// 416 GOP/s per thread on the 2-core Zen 5, below what the Q4_K matmul itself reaches).
+// The machine's peaks: 12 independent chains c = OP(c, X, Y) per thread on registers. The
+// chains are named variables, each an operand of the empty asm: kept in an array, GCC moved
+// part of it through the stack every iteration and the int8 loop measured store-forwarding,
+// not VNNI (416 GOP/s per thread on the 2-core Zen 5, below what the Q4_K matmul itself
+// reaches). One body, expanded inside each function so that it takes the function's target.
+#define GEIST_PEAK_CHAINS(V, OP, X, Y)                                                                      \
+  const V x = X, y = Y;                                                                                \
+  V c0 = y, c1 = y, c2 = y, c3 = y, c4 = y, c5 = y, c6 = y, c7 = y, c8 = y, c9 = y, c10 = y, c11 = y;  \
+  for (int64_t it = 0; it < iters; ++it) {                                                             \
+    c0 = OP(c0, x, y);                                                                                 \
+    c1 = OP(c1, x, y);                                                                                 \
+    c2 = OP(c2, x, y);                                                                                 \
+    c3 = OP(c3, x, y);                                                                                 \
+    c4 = OP(c4, x, y);                                                                                 \
+    c5 = OP(c5, x, y);                                                                                 \
+    c6 = OP(c6, x, y);                                                                                 \
+    c7 = OP(c7, x, y);                                                                                 \
+    c8 = OP(c8, x, y);                                                                                 \
+    c9 = OP(c9, x, y);                                                                                 \
+    c10 = OP(c10, x, y);                                                                               \
+    c11 = OP(c11, x, y);                                                                               \
+    __asm__ volatile("" : "+v"(c0), "+v"(c1), "+v"(c2), "+v"(c3), "+v"(c4), "+v"(c5), "+v"(c6), "+v"(c7), \
+                     "+v"(c8), "+v"(c9), "+v"(c10), "+v"(c11));                                        \
+  }                                                                                                    \
+  const V all[12] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11};                                \
+  int64_t differ = 0;                                                                                  \
+  for (const V &v : all) differ += std::memcmp(&v, &x, sizeof(V)) != 0;                                \
+  return differ;
+
+// int8: 512-bit VNNI dot products (64 multiply-adds each).
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t vnni_loop(int64_t iters) {
-  const __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5);
-  __m512i c0 = _mm512_set1_epi32(0), c1 = _mm512_set1_epi32(1), c2 = _mm512_set1_epi32(2),
-          c3 = _mm512_set1_epi32(3), c4 = _mm512_set1_epi32(4), c5 = _mm512_set1_epi32(5),
-          c6 = _mm512_set1_epi32(6), c7 = _mm512_set1_epi32(7), c8 = _mm512_set1_epi32(8),
-          c9 = _mm512_set1_epi32(9), c10 = _mm512_set1_epi32(10), c11 = _mm512_set1_epi32(11);
-  for (int64_t it = 0; it < iters; ++it) {
-    c0 = _mm512_dpbusd_epi32(c0, a, b);
-    c1 = _mm512_dpbusd_epi32(c1, a, b);
-    c2 = _mm512_dpbusd_epi32(c2, a, b);
-    c3 = _mm512_dpbusd_epi32(c3, a, b);
-    c4 = _mm512_dpbusd_epi32(c4, a, b);
-    c5 = _mm512_dpbusd_epi32(c5, a, b);
-    c6 = _mm512_dpbusd_epi32(c6, a, b);
-    c7 = _mm512_dpbusd_epi32(c7, a, b);
-    c8 = _mm512_dpbusd_epi32(c8, a, b);
-    c9 = _mm512_dpbusd_epi32(c9, a, b);
-    c10 = _mm512_dpbusd_epi32(c10, a, b);
-    c11 = _mm512_dpbusd_epi32(c11, a, b);
-    __asm__ volatile("" : "+v"(c0), "+v"(c1), "+v"(c2), "+v"(c3), "+v"(c4), "+v"(c5), "+v"(c6), "+v"(c7),
-                     "+v"(c8), "+v"(c9), "+v"(c10), "+v"(c11));
-  }
-  const __m512i s = _mm512_add_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3)),
-                       _mm512_add_epi32(_mm512_add_epi32(c4, c5), _mm512_add_epi32(c6, c7))),
-      _mm512_add_epi32(_mm512_add_epi32(c8, c9), _mm512_add_epi32(c10, c11)));
-  alignas(64) int32_t lanes[16];
-  _mm512_store_si512(lanes, s);
-  int64_t sum = 0;
-  for (int32_t x : lanes) sum += x;
-  return sum;
+  GEIST_PEAK_CHAINS(__m512i, _mm512_dpbusd_epi32, _mm512_set1_epi8(3), _mm512_set1_epi8(5))
 }
 
 void BM_PeakInt8(benchmark::State &st) {
@@ -376,39 +372,15 @@ void BM_PeakInt8(benchmark::State &st) {
 }
 BENCHMARK(BM_PeakInt8)->UseRealTime()->Unit(benchmark::kMillisecond);
 
-// Peak f32 rate: 12 independent chains of FMAs per thread on registers (512-bit where the
-// CPU has AVX-512, else 256-bit): what bounds the attention's f32 scores and sums. One body
-// for both widths, expanded inside each function so that it takes the function's target.
-#define GEIST_FMA_CHAINS(V, FMA, SET1)                                                                      \
-  const V x = SET1(0.999f), y = SET1(1e-4f);                                                           \
-  V c0 = y, c1 = y, c2 = y, c3 = y, c4 = y, c5 = y, c6 = y, c7 = y, c8 = y, c9 = y, c10 = y, c11 = y;  \
-  for (int64_t it = 0; it < iters; ++it) {                                                             \
-    c0 = FMA(c0, x, y);                                                                                \
-    c1 = FMA(c1, x, y);                                                                                \
-    c2 = FMA(c2, x, y);                                                                                \
-    c3 = FMA(c3, x, y);                                                                                \
-    c4 = FMA(c4, x, y);                                                                                \
-    c5 = FMA(c5, x, y);                                                                                \
-    c6 = FMA(c6, x, y);                                                                                \
-    c7 = FMA(c7, x, y);                                                                                \
-    c8 = FMA(c8, x, y);                                                                                \
-    c9 = FMA(c9, x, y);                                                                                \
-    c10 = FMA(c10, x, y);                                                                              \
-    c11 = FMA(c11, x, y);                                                                              \
-    __asm__ volatile("" : "+v"(c0), "+v"(c1), "+v"(c2), "+v"(c3), "+v"(c4), "+v"(c5), "+v"(c6), "+v"(c7), \
-                     "+v"(c8), "+v"(c9), "+v"(c10), "+v"(c11));                                        \
-  }                                                                                                    \
-  const V all[12] = {c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11};                                \
-  int64_t differ = 0;                                                                                  \
-  for (const V &v : all) differ += std::memcmp(&v, &x, sizeof(V)) != 0;                                \
-  return differ;
+// f32: FMAs, 512-bit where the CPU has AVX-512, else 256-bit: what bounds the attention's
+// f32 scores and sums.
 __attribute__((target("avx512f"))) int64_t fma512_loop(int64_t iters) {
-  GEIST_FMA_CHAINS(__m512, _mm512_fmadd_ps, _mm512_set1_ps)
+  GEIST_PEAK_CHAINS(__m512, _mm512_fmadd_ps, _mm512_set1_ps(0.999f), _mm512_set1_ps(1e-4f))
 }
 __attribute__((target("avx2,fma"))) int64_t fma256_loop(int64_t iters) {
-  GEIST_FMA_CHAINS(__m256, _mm256_fmadd_ps, _mm256_set1_ps)
+  GEIST_PEAK_CHAINS(__m256, _mm256_fmadd_ps, _mm256_set1_ps(0.999f), _mm256_set1_ps(1e-4f))
 }
-#undef GEIST_FMA_CHAINS
+#undef GEIST_PEAK_CHAINS
 
 void BM_PeakF32(benchmark::State &st) {
   const bool w512 = cpu::best_isa() == cpu::Isa::Avx512;

@@ -259,13 +259,15 @@ bool Server::build_chat_prompt(const GenRequest &r, Job *job, ApiError *err) con
 
 // A completion prompt's tokens: its special tokens parsed, BOS first unless the text begins
 // with it already (a chat template written out by hand). model-spec 7.7: one BOS, never
-// two (the tokenizer, as llama.cpp's, adds BOS whatever the text holds).
+// two (the tokenizer, as llama.cpp's, adds BOS whatever the text holds, so the added one
+// goes when the text's own follows it).
 api::Error Server::tokenize_prompt(const std::string &text, std::vector<geist_token> *out) const {
-  if (api::Error e = model_.tokenize(text, false, true, out)) return e;
-  const geist_token bos = model_.info().bos;
-  if (bos >= 0 && !out->empty() && out->front() == bos) return {};
-  out->clear();
-  return model_.tokenize(text, true, true, out);
+  if (api::Error e = model_.tokenize(text, true, true, out)) return e;
+  const geist_model_info info = model_.info();
+  if (info.add_bos && info.bos >= 0 && out->size() >= 2 && (*out)[0] == info.bos && (*out)[1] == info.bos) {
+    out->erase(out->begin());
+  }
+  return {};
 }
 
 bool Server::build_prompt(const GenRequest &r, Job *job, ApiError *err) const {
