@@ -1481,6 +1481,238 @@ void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float 
   }
 }
 
+// ---- one activation row, the weights staged through shared memory ("mvs") -----------------
+// Decode's matrix-vector product for Q4_K and Q5_K. The other kernels give a super-block to
+// 8 lanes (or to a 16-output MMA fragment) and pay for it in shuffles, per-lane scale
+// unpacking and dependent loads; ncu had them waiting on global loads with ~10 warps per SM.
+// Here a block of 4 warps takes TR outputs (8, 16 or 32) and walks K in slices of SB
+// super-blocks: each slice's TR row pieces are copied into shared memory with cp.async in
+// coalesced 16-byte chunks (NBUF buffers, all of them requested before pdl_start, so the
+// first weights stream in while the kernel before finishes), then every lane computes whole
+// super-blocks of one output: output = lane % TR, and the 32 / TR lane groups of the 4 warps
+// split the slice's super-blocks. A lane reads its block's scales once for 256 elements and
+// needs no shuffle; the activations of a super-block are one broadcast read of shared memory
+// for the lanes of a group, and their 32-element sums are made once per block of threads.
+// A row piece's pitch is an odd number of 16-byte chunks, so the 8 lanes of an LDS.128 phase
+// (8 outputs, one super-block) hit distinct banks. The f32 block terms go to shared memory;
+// one thread per output adds them in block order. The same integer sums and the same f32
+// steps in the same order as every other kernel: the same bits.
+
+constexpr int kMvsThreads = 128;
+
+struct MvsShape {
+  int tr;    // outputs per block of threads: 8, 16 or 32
+  int sb;    // super-blocks per slice
+  int nbuf;  // slice buffers
+};
+
+template <GgmlType T>
+__host__ __device__ constexpr int mvs_pitch(int sb) {
+  return sb * KQ<T>::kBytes + 16;
+}
+
+// Shared memory: activations (K bytes), their 32-element sums (K / 32 ints), block scales
+// (nb floats, rounded up to 4), terms (tr x (nb | 1) floats, rounded up to 4), then the
+// slice buffers.
+template <GgmlType T>
+__host__ __device__ constexpr size_t mvs_smem(int64_t K, MvsShape sh) {
+  const int64_t nb = K / 256, nbp = nb | 1;
+  return size_t(K) + size_t(K / 32) * 4 + size_t((nb + 3) / 4 * 4) * 4 + size_t((sh.tr * nbp + 3) / 4 * 4) * 4 +
+         size_t(sh.nbuf) * sh.tr * mvs_pitch<T>(sh.sb);
+}
+
+// The f32 block term of one Q4_K / Q5_K super-block (wb: its bytes in shared memory, 16-byte
+// aligned; x: its 256 activations; xs8: their 8 sub-block sums; dx: their scale).
+template <GgmlType T>
+__device__ __forceinline__ float mvs_block(const uint8_t *wb, const int8_t *x, const int *xs8, float dx) {
+  const uint4 h = *reinterpret_cast<const uint4 *>(wb);
+  const float dw = dev::fp16_to_fp32(h.x & 0xFFFFu), dmin = dev::fp16_to_fp32(h.x >> 16);
+  // dev::scale_min_k4 for all 8 sub-blocks at once, 4 bytes per word.
+  const uint32_t sc_lo = h.y & 0x3F3F3F3Fu, mn_lo = h.z & 0x3F3F3F3Fu;
+  const uint32_t sc_hi = (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u);
+  const uint32_t mn_hi = ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
+  uint32_t qh[8];
+  if constexpr (T == GgmlType::Q5_K) {
+    const uint4 h0 = *reinterpret_cast<const uint4 *>(wb + 16), h1 = *reinterpret_cast<const uint4 *>(wb + 32);
+    qh[0] = h0.x, qh[1] = h0.y, qh[2] = h0.z, qh[3] = h0.w, qh[4] = h1.x, qh[5] = h1.y, qh[6] = h1.z, qh[7] = h1.w;
+  }
+  constexpr int kQs = T == GgmlType::Q4_K ? 16 : 48;
+  int isum = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint4 qa = *reinterpret_cast<const uint4 *>(wb + kQs + 32 * k);
+    const uint4 qb = *reinterpret_cast<const uint4 *>(wb + kQs + 32 * k + 16);
+    const uint32_t w[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+    const int4 *xv = reinterpret_cast<const int4 *>(x + 64 * k);
+    const int4 x0 = xv[0], x1 = xv[1], x2 = xv[2], x3 = xv[3];
+    const int xl[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    const int xh[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+    int dl = 0, dh = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      uint32_t lo = w[i] & 0x0F0F0F0Fu, hi = (w[i] >> 4) & 0x0F0F0F0Fu;
+      if constexpr (T == GgmlType::Q5_K) {
+        lo |= ((qh[i] >> (2 * k)) & 0x01010101u) << 4;
+        hi |= ((qh[i] >> (2 * k + 1)) & 0x01010101u) << 4;
+      }
+      dl = __dp4a(int(lo), xl[i], dl);
+      dh = __dp4a(int(hi), xh[i], dh);
+    }
+    const uint32_t scw = k < 2 ? sc_lo : sc_hi;
+    const int s0 = int((scw >> (16 * (k % 2))) & 0xFFu), s1 = int((scw >> (16 * (k % 2) + 8)) & 0xFFu);
+    isum += s0 * dl + s1 * dh;
+  }
+  const int4 sa = *reinterpret_cast<const int4 *>(xs8), sb = *reinterpret_cast<const int4 *>(xs8 + 4);
+  const int msum = int(mn_lo & 0xFFu) * sa.x + int((mn_lo >> 8) & 0xFFu) * sa.y + int((mn_lo >> 16) & 0xFFu) * sa.z +
+                   int(mn_lo >> 24) * sa.w + int(mn_hi & 0xFFu) * sb.x + int((mn_hi >> 8) & 0xFFu) * sb.y +
+                   int((mn_hi >> 16) & 0xFFu) * sb.z + int(mn_hi >> 24) * sb.w;
+  return block_term<T>(dw, dmin, dx, isum, msum);
+}
+
+__device__ __forceinline__ void cp_async_wait_upto(int pending) {
+  if (pending <= 0) {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  } else if (pending == 1) {
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+  } else {
+    asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+  }
+}
+
+// set.first[m]: tiles of TR outputs before matrix m. Every row pointer is 16-byte aligned
+// (the launcher checks), as are xq and the row pieces (Q4_K / Q5_K blocks are 144 / 176 bytes).
+template <GgmlType T>
+__global__ void __launch_bounds__(kMvsThreads)
+    mvs_kernel(MvSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd, MvsShape sh) {
+  using L = KQ<T>;
+  extern __shared__ __align__(16) uint8_t mvs_sm[];
+  const int nb = int(K / 256), nbp = nb | 1, tr = sh.tr, sb = sh.sb, nbuf = sh.nbuf;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t tile = blockIdx.x;
+  int m = 0;
+  while (m + 1 < set.n && tile >= set.first[m + 1]) ++m;
+  const int64_t r0 = (tile - set.first[m]) * tr;
+  const int rows = int(set.n_out[m] - r0 < tr ? set.n_out[m] - r0 : tr);
+  const size_t rb = set.row_bytes[m];
+  const uint8_t *w0 = set.w[m] + size_t(r0) * rb;
+
+  int8_t *xs = reinterpret_cast<int8_t *>(mvs_sm);
+  int *xsum = reinterpret_cast<int *>(mvs_sm + K);
+  float *xdl = reinterpret_cast<float *>(xsum + K / 32);
+  float *terms = xdl + (nb + 3) / 4 * 4;
+  uint8_t *buf = reinterpret_cast<uint8_t *>(terms + (tr * nbp + 3) / 4 * 4);
+  const int pitch = mvs_pitch<T>(sb), ns = (nb + sb - 1) / sb;
+
+  auto stage = [&](int s) {
+    uint8_t *dst = buf + size_t(s % nbuf) * tr * pitch;
+    const int b0 = s * sb, nbs = nb - b0 < sb ? nb - b0 : sb, nch = nbs * (L::kBytes / 16);
+    for (int r = warp; r < rows; r += kMvsThreads / 32) {
+      const uint8_t *src = w0 + size_t(r) * rb + size_t(b0) * L::kBytes;
+      for (int c = lane; c < nch; c += 32) cp_async16(dst + r * pitch + 16 * c, src + 16 * c);
+    }
+    cp_async_commit();
+  };
+  const int first = ns < nbuf ? ns : nbuf;
+  for (int s = 0; s < first; ++s) stage(s);  // weights never depend on the kernel before
+  dev::pdl_start();
+  for (int i = tid; i < K / 16; i += kMvsThreads) {
+    reinterpret_cast<int4 *>(xs)[i] = reinterpret_cast<const int4 *>(xq)[i];
+  }
+  for (int j = tid; j < K / 32; j += kMvsThreads) {
+    const int4 a = reinterpret_cast<const int4 *>(xq)[2 * j], b = reinterpret_cast<const int4 *>(xq)[2 * j + 1];
+    int v = 0;
+    v = __dp4a(a.x, 0x01010101, v), v = __dp4a(a.y, 0x01010101, v), v = __dp4a(a.z, 0x01010101, v);
+    v = __dp4a(a.w, 0x01010101, v), v = __dp4a(b.x, 0x01010101, v), v = __dp4a(b.y, 0x01010101, v);
+    v = __dp4a(b.z, 0x01010101, v), v = __dp4a(b.w, 0x01010101, v);
+    xsum[j] = v;
+  }
+  for (int b = tid; b < nb; b += kMvsThreads) xdl[b] = xd[b];
+
+  const int groups = 32 / tr, row = lane % tr, worker = warp * groups + lane / tr, workers = 4 * groups;
+  int issued = first;
+  for (int s = 0; s < ns; ++s) {
+    cp_async_wait_upto(issued - s - 1);
+    __syncthreads();  // slice s (and, the first time, the activations) visible to every thread
+    if (row < rows) {
+      const uint8_t *base = buf + size_t(s % nbuf) * tr * pitch + row * pitch;
+      const int b0 = s * sb, nbs = nb - b0 < sb ? nb - b0 : sb;
+      for (int bi = worker; bi < nbs; bi += workers) {
+        const int b = b0 + bi;
+        terms[row * nbp + b] = mvs_block<T>(base + bi * L::kBytes, xs + 256 * b, xsum + 8 * b, xdl[b]);
+      }
+    }
+    __syncthreads();  // every thread is done with buffer s % nbuf
+    if (issued < ns) stage(issued++);
+  }
+  if (tid < rows) {
+    float acc = 0.0f;
+    for (int b = 0; b < nb; ++b) acc = __fadd_rn(acc, terms[tid * nbp + b]);
+    set.y[m][r0 + tid] = acc;
+  }
+}
+
+// GEIST_CUDA_MVS=0 turns the kernel off (one row then takes mvmma or the dp4a matvec, as
+// before); GEIST_CUDA_MVS_TR / _SB / _NBUF force its shape. Knobs to compare; the bits are
+// the same.
+bool mvs_enabled() {
+  static const bool v = env_int("GEIST_CUDA_MVS", 1) != 0;
+  return v;
+}
+
+MvsShape mvs_shape(int64_t outputs, int64_t nb) {
+  static const int f_tr = env_int("GEIST_CUDA_MVS_TR", 0), f_sb = env_int("GEIST_CUDA_MVS_SB", 0),
+                   f_nbuf = env_int("GEIST_CUDA_MVS_NBUF", 0);
+  const int64_t want = int64_t(2) * device_sm_count();  // blocks
+  MvsShape sh{8, 16, 2};
+  if (outputs / 32 >= want) {
+    sh.tr = 32;
+  } else if (outputs / 16 >= want) {
+    sh.tr = 16;
+  }
+  if (f_tr == 8 || f_tr == 16 || f_tr == 32) sh.tr = f_tr;
+  // About one super-block per thread and slice; the whole row in one slice where it is at
+  // most twice that.
+  sh.sb = kMvsThreads / sh.tr;
+  if (nb <= 2 * sh.sb) {
+    sh.sb = int(nb);
+    sh.nbuf = 1;
+  }
+  if (f_sb > 0 && f_sb <= 64) sh.sb = f_sb;
+  if (f_nbuf >= 1 && f_nbuf <= 3) sh.nbuf = f_nbuf;
+  return sh;
+}
+
+// false where it does not apply (the caller then takes another kernel).
+template <GgmlType T>
+bool launch_mvs(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd, CudaStream s) {
+  if constexpr (T != GgmlType::Q4_K && T != GgmlType::Q5_K) {
+    return false;
+  } else {
+    if (!mvs_enabled() || n_mat <= 0 || n_mat > kMaxSet || (reinterpret_cast<uintptr_t>(xq) & 15) != 0) return false;
+    const int64_t K = ws[0].n_in;
+    int64_t outputs = 0;
+    for (int m = 0; m < n_mat; ++m) {
+      if ((reinterpret_cast<uintptr_t>(ws[m].data) & 15) != 0 || ws[m].row_bytes % 16 != 0) return false;
+      outputs += ws[m].n_out;
+    }
+    const MvsShape sh = mvs_shape(outputs, K / 256);
+    const size_t smem = mvs_smem<T>(K, sh);
+    static std::atomic<uint64_t> done{0};
+    if (smem > size_t(48 * 1024) && !allow_dynamic_smem(mvs_kernel<T>, smem, done)) return false;
+    MvSet set{};
+    set.n = n_mat;
+    for (int m = 0; m < n_mat; ++m) {
+      set.w[m] = ws[m].data;
+      set.row_bytes[m] = ws[m].row_bytes;
+      set.y[m] = ys[m];
+      set.n_out[m] = ws[m].n_out;
+      set.first[m + 1] = set.first[m] + (ws[m].n_out + sh.tr - 1) / sh.tr;
+    }
+    launch_smem(mvs_kernel<T>, dim3(unsigned(set.first[n_mat])), dim3(kMvsThreads), smem, s, set, K, xq, xd, sh);
+    return true;
+  }
+}
+
 template <class F>
 bool dispatch_kquant(GgmlType t, F &&f) {
   using G = GgmlType;
@@ -1673,6 +1905,8 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
   if (n_mat <= 0) return;
   dispatch_kquant(ws[0].type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
+    // One row of Q4_K / Q5_K (decode): the shared-memory staged kernel.
+    if (n_rows == 1 && launch_mvs<T>(ws, ys, n_mat, xq, xd, s)) return;
     const int64_t K = ws[0].n_in;
     const bool mma = kquant_mma_min_rows() < (1 << 30);
     // The few-rows kernel also takes up to twice its row count for a matrix whose 64 x 64
