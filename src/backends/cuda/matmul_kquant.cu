@@ -1482,7 +1482,7 @@ void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float 
 }
 
 // ---- one activation row, the weights staged through shared memory ("mvs") -----------------
-// Decode's matrix-vector product for Q4_K and Q5_K. The other kernels give a super-block to
+// Decode's matrix-vector product for Q4_K, Q5_K and Q6_K. The other kernels give a super-block to
 // 8 lanes (or to a 16-output MMA fragment) and pay for it in shuffles, per-lane scale
 // unpacking and dependent loads; ncu had them waiting on global loads with ~10 warps per SM.
 // Here a block of 4 warps takes TR outputs (8, 16 or 32) and walks K in slices of SB
@@ -1506,9 +1506,12 @@ struct MvsShape {
   int nbuf;  // slice buffers
 };
 
+// A row piece's bytes in shared memory: Q4_K / Q5_K pieces are whole 16-byte chunks, pitch an
+// odd number of them; a Q6_K piece (210-byte blocks) starts 0, 4, 8 or 12 bytes into its
+// first chunk, and its lanes read up to 6 bytes past its end (mvs_block's aligned words).
 template <GgmlType T>
 __host__ __device__ constexpr int mvs_pitch(int sb) {
-  return sb * KQ<T>::kBytes + 16;
+  return T == GgmlType::Q6_K ? 16 * (((12 + sb * KQ<T>::kBytes + 8 + 15) / 16) | 1) : sb * KQ<T>::kBytes + 16;
 }
 
 // Shared memory: activations (K bytes), their 32-element sums (K / 32 ints), block scales
@@ -1569,6 +1572,61 @@ __device__ __forceinline__ float mvs_block(const uint8_t *wb, const int8_t *x, c
   return block_term<T>(dw, dmin, dx, isum, msum);
 }
 
+// N words of a Q6_K block from p (2-byte aligned, in shared memory): aligned loads, then
+// each word funnel-shifted out of two.
+template <int N>
+__device__ __forceinline__ void lds_words(const uint8_t *p, uint32_t out[N]) {
+  const uint32_t *a = reinterpret_cast<const uint32_t *>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
+  const unsigned sh = unsigned(reinterpret_cast<uintptr_t>(p) & 3) * 8;
+  uint32_t w[N + 1];
+#pragma unroll
+  for (int k = 0; k <= N; ++k) w[k] = a[k];
+#pragma unroll
+  for (int k = 0; k < N; ++k) out[k] = __funnelshift_r(w[k], w[k + 1], sh);
+}
+
+// The f32 block term of one Q6_K super-block at wb (2-byte aligned, in shared memory), half
+// by half: ql[64 h, 64 h + 64), qh[32 h, 32 h + 32), scales[8 h, 8 h + 8); element
+// 128 h + 32 s + l takes ql's low (s = 0, 1) or high (s = 2, 3) nibble of byte 64 h + l +
+// 32 (s % 2) and bits 2 s, 2 s + 1 of qh byte 32 h + l, minus 32 (unpack_piece's quants).
+__device__ __forceinline__ float mvs_block_q6k(const uint8_t *wb, const int8_t *x, float dx) {
+  int isum = 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t ql[16], qh[8], sc[2];
+    lds_words<16>(wb + 64 * h, ql);
+    lds_words<8>(wb + 128 + 32 * h, qh);
+    lds_words<2>(wb + 192 + 8 * h, sc);
+    int d[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) d[j] = 0;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int4 *xv = reinterpret_cast<const int4 *>(x + 128 * h + 32 * s);
+      const int4 x0 = xv[0], x1 = xv[1];
+      const int xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const uint32_t l = ql[8 * (s % 2) + i];
+        const uint32_t lo = s < 2 ? (l & 0x0F0F0F0Fu) : ((l >> 4) & 0x0F0F0F0Fu);
+        const uint32_t hh = s == 0 ? (qh[i] << 4) : s == 1 ? (qh[i] << 2) : s == 2 ? qh[i] : (qh[i] >> 2);
+        const int q = int(__vsub4(lo | (hh & 0x30303030u), 0x20202020u));
+        d[2 * s + i / 4] = __dp4a(q, xw[i], d[2 * s + i / 4]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) isum += int(int8_t(uint8_t(sc[j / 4] >> (8 * (j % 4))))) * d[j];
+  }
+  uint32_t dwv[1];
+  lds_words<1>(wb + 208, dwv);
+  return block_term<GgmlType::Q6_K>(dev::fp16_to_fp32(dwv[0] & 0xFFFFu), 0.0f, dx, isum, 0);
+}
+
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+
 __device__ __forceinline__ void cp_async_wait_upto(int pending) {
   if (pending <= 0) {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
@@ -1595,6 +1653,7 @@ __global__ void __launch_bounds__(kMvsThreads)
   const int rows = int(set.n_out[m] - r0 < tr ? set.n_out[m] - r0 : tr);
   const size_t rb = set.row_bytes[m];
   const uint8_t *w0 = set.w[m] + size_t(r0) * rb;
+  const uint8_t *w_end = set.w[m] + size_t(set.n_out[m]) * rb;
 
   int8_t *xs = reinterpret_cast<int8_t *>(mvs_sm);
   int *xsum = reinterpret_cast<int *>(mvs_sm + K);
@@ -1605,10 +1664,22 @@ __global__ void __launch_bounds__(kMvsThreads)
 
   auto stage = [&](int s) {
     uint8_t *dst = buf + size_t(s % nbuf) * tr * pitch;
-    const int b0 = s * sb, nbs = nb - b0 < sb ? nb - b0 : sb, nch = nbs * (L::kBytes / 16);
+    const int b0 = s * sb, nbs = nb - b0 < sb ? nb - b0 : sb;
     for (int r = warp; r < rows; r += kMvsThreads / 32) {
+      // The piece's 16-byte chunks, from the one holding its first byte (Q6_K pieces start
+      // 4-byte aligned); the matrix's last chunk may end early, in 4-byte copies.
       const uint8_t *src = w0 + size_t(r) * rb + size_t(b0) * L::kBytes;
-      for (int c = lane; c < nch; c += 32) cp_async16(dst + r * pitch + 16 * c, src + 16 * c);
+      const int head = int(reinterpret_cast<uintptr_t>(src) & 15);
+      const uint8_t *g0 = src - head;
+      const int nch = (head + nbs * L::kBytes + 15) / 16;
+      for (int c = lane; c < nch; c += 32) {
+        const uint8_t *g = g0 + 16 * c;
+        if (g + 16 <= w_end) {
+          cp_async16(dst + r * pitch + 16 * c, g);
+        } else {
+          for (int k = 0; k < 4 && g + 4 * k < w_end; ++k) cp_async4(dst + r * pitch + 16 * c + 4 * k, g + 4 * k);
+        }
+      }
     }
     cp_async_commit();
   };
@@ -1634,11 +1705,16 @@ __global__ void __launch_bounds__(kMvsThreads)
     cp_async_wait_upto(issued - s - 1);
     __syncthreads();  // slice s (and, the first time, the activations) visible to every thread
     if (row < rows) {
-      const uint8_t *base = buf + size_t(s % nbuf) * tr * pitch + row * pitch;
       const int b0 = s * sb, nbs = nb - b0 < sb ? nb - b0 : sb;
+      const int head = int(reinterpret_cast<uintptr_t>(w0 + size_t(row) * rb + size_t(b0) * L::kBytes) & 15);
+      const uint8_t *base = buf + size_t(s % nbuf) * tr * pitch + row * pitch + head;
       for (int bi = worker; bi < nbs; bi += workers) {
         const int b = b0 + bi;
-        terms[row * nbp + b] = mvs_block<T>(base + bi * L::kBytes, xs + 256 * b, xsum + 8 * b, xdl[b]);
+        if constexpr (T == GgmlType::Q6_K) {
+          terms[row * nbp + b] = mvs_block_q6k(base + bi * L::kBytes, xs + 256 * b, xdl[b]);
+        } else {
+          terms[row * nbp + b] = mvs_block<T>(base + bi * L::kBytes, xs + 256 * b, xsum + 8 * b, xdl[b]);
+        }
       }
     }
     __syncthreads();  // every thread is done with buffer s % nbuf
@@ -1656,6 +1732,12 @@ __global__ void __launch_bounds__(kMvsThreads)
 // the same.
 bool mvs_enabled() {
   static const bool v = env_int("GEIST_CUDA_MVS", 1) != 0;
+  return v;
+}
+
+// GEIST_CUDA_MVS_Q6K=0: Q6_K keeps the older kernels for one row.
+bool mvs_q6k() {
+  static const bool v = env_int("GEIST_CUDA_MVS_Q6K", 1) != 0;
   return v;
 }
 
@@ -1685,17 +1767,21 @@ MvsShape mvs_shape(int64_t outputs, int64_t nb) {
 // false where it does not apply (the caller then takes another kernel).
 template <GgmlType T>
 bool launch_mvs(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd, CudaStream s) {
-  if constexpr (T != GgmlType::Q4_K && T != GgmlType::Q5_K) {
+  if constexpr (T != GgmlType::Q4_K && T != GgmlType::Q5_K && T != GgmlType::Q6_K) {
     return false;
   } else {
     if (!mvs_enabled() || n_mat <= 0 || n_mat > kMaxSet || (reinterpret_cast<uintptr_t>(xq) & 15) != 0) return false;
+    if (T == GgmlType::Q6_K && !mvs_q6k()) return false;
     const int64_t K = ws[0].n_in;
     int64_t outputs = 0;
     for (int m = 0; m < n_mat; ++m) {
-      if ((reinterpret_cast<uintptr_t>(ws[m].data) & 15) != 0 || ws[m].row_bytes % 16 != 0) return false;
+      if ((reinterpret_cast<uintptr_t>(ws[m].data) & 15) != 0 || ws[m].row_bytes % 4 != 0) return false;
       outputs += ws[m].n_out;
     }
     const MvsShape sh = mvs_shape(outputs, K / 256);
+    // Q6_K: every piece must start 4-byte aligned (cp.async copies 4 or 16 bytes), so an
+    // even number of blocks per row and per slice.
+    if (T == GgmlType::Q6_K && ((K / 256) % 2 != 0 || (sh.sb % 2 != 0 && sh.sb < K / 256))) return false;
     const size_t smem = mvs_smem<T>(K, sh);
     static std::atomic<uint64_t> done{0};
     if (smem > size_t(48 * 1024) && !allow_dynamic_smem(mvs_kernel<T>, smem, done)) return false;
