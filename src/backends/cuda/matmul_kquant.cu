@@ -1744,7 +1744,10 @@ bool mvs_q6k() {
 MvsShape mvs_shape(int64_t outputs, int64_t nb) {
   static const int f_tr = env_int("GEIST_CUDA_MVS_TR", 0), f_sb = env_int("GEIST_CUDA_MVS_SB", 0),
                    f_nbuf = env_int("GEIST_CUDA_MVS_NBUF", 0);
-  const int64_t want = int64_t(2) * device_sm_count();  // blocks
+  // The most outputs per block that still give ~4 blocks per SM (H200, one row: E4B gate
+  // alone 10.3 us at 32 outputs per block, 320 blocks, against 8.4 at 16; gate+up 14.2 at 32,
+  // 640 blocks, against 15.5 at 16; the down projection, 2560 outputs, at 8).
+  const int64_t want = int64_t(4) * device_sm_count();  // blocks
   MvsShape sh{8, 16, 2};
   if (outputs / 32 >= want) {
     sh.tr = 32;
@@ -1764,6 +1767,15 @@ MvsShape mvs_shape(int64_t outputs, int64_t nb) {
   return sh;
 }
 
+size_t mvmma_optin_smem();
+
+// GEIST_CUDA_MVS_HEAD=0: matrices of more than 65536 outputs (the output head) keep the
+// older kernels.
+bool mvs_head() {
+  static const bool v = env_int("GEIST_CUDA_MVS_HEAD", 1) != 0;
+  return v;
+}
+
 // false where it does not apply (the caller then takes another kernel).
 template <GgmlType T>
 bool launch_mvs(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd, CudaStream s) {
@@ -1778,13 +1790,20 @@ bool launch_mvs(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *
       if ((reinterpret_cast<uintptr_t>(ws[m].data) & 15) != 0 || ws[m].row_bytes % 4 != 0) return false;
       outputs += ws[m].n_out;
     }
+    if (outputs > 65536 && !mvs_head()) return false;
     const MvsShape sh = mvs_shape(outputs, K / 256);
     // Q6_K: every piece must start 4-byte aligned (cp.async copies 4 or 16 bytes), so an
     // even number of blocks per row and per slice.
     if (T == GgmlType::Q6_K && ((K / 256) % 2 != 0 || (sh.sb % 2 != 0 && sh.sb < K / 256))) return false;
+    // Above 48 KiB the kernel is allowed the device's whole opt-in limit, once: the shapes
+    // differ from call to call, and an attribute set to the first call's size would fail
+    // the later, larger launches.
     const size_t smem = mvs_smem<T>(K, sh);
     static std::atomic<uint64_t> done{0};
-    if (smem > size_t(48 * 1024) && !allow_dynamic_smem(mvs_kernel<T>, smem, done)) return false;
+    if (smem > size_t(48 * 1024) &&
+        (smem > mvmma_optin_smem() || !allow_dynamic_smem(mvs_kernel<T>, mvmma_optin_smem(), done))) {
+      return false;
+    }
     MvSet set{};
     set.n = n_mat;
     for (int m = 0; m < n_mat; ++m) {
