@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <type_traits>
 
@@ -500,10 +501,85 @@ __global__ void __launch_bounds__(kMvOut * 16)
   }
 }
 
+// One row with all of K staged at once: the block's kMvOut weight rows and the activation
+// row go to shared memory with cp.async (the weights requested before pdl_start, so they
+// stream in while the kernel before finishes), then each half-warp lane runs its chain over
+// all of K. matvec_f32_kernel stages 512 elements at a time between two barriers, one round
+// trip to memory per step: Gemma 4's per-layer input gate (BF16 2560 x 256, 32 blocks) took
+// ~9 us in its five. The same chains in the same order and the same tree: the same bits.
+// Rows are padded by 16 elements, so the two half-warps of a warp read distinct banks.
+template <GgmlType T>
+__global__ void __launch_bounds__(kMvOut * 16)
+    matvec_f32_whole_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
+                            const float *__restrict__ x, float *__restrict__ y) {
+  extern __shared__ __align__(16) uint8_t whole_sm[];
+  constexpr int kElem = T == GgmlType::F32 ? 4 : 2;
+  const int tid = threadIdx.x, o = tid / 16, l = tid % 16;
+  const int64_t n0 = int64_t(blockIdx.x) * kMvOut;
+  const int rows = int(n_out - n0 < kMvOut ? n_out - n0 : kMvOut);
+  const size_t pitch = row_bytes + 16 * kElem;
+  float *xs = reinterpret_cast<float *>(whole_sm + kMvOut * pitch);
+  const int64_t chunks = int64_t(row_bytes / 16);
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t *src = w + size_t(n0 + r) * row_bytes;
+    for (int64_t c = tid; c < chunks; c += kMvOut * 16) dev::cp_async16(whole_sm + r * pitch + 16 * c, src + 16 * c);
+  }
+  dev::cp_async_commit();
+  dev::pdl_start();
+  for (int64_t c = tid; c < K / 4; c += kMvOut * 16) dev::cp_async16(xs + 4 * c, x + 4 * c);
+  dev::cp_async_commit();
+  dev::cp_async_wait_all();
+  __syncthreads();
+  float acc = 0.0f;
+  if (o < rows) {
+    const uint8_t *wr = whole_sm + o * pitch;
+    for (int64_t c = l; c < K; c += 16) {
+      float wv;
+      if constexpr (T == GgmlType::F32) {
+        wv = reinterpret_cast<const float *>(wr)[c];
+      } else {
+        const uint32_t h = reinterpret_cast<const uint16_t *>(wr)[c];
+        wv = T == GgmlType::BF16 ? dev::bf16_to_fp32(h) : dev::fp16_to_fp32(h);
+      }
+      acc = __fadd_rn(acc, __fmul_rn(wv, xs[c]));
+    }
+  }
+#pragma unroll
+  for (int off = 8; off >= 1; off /= 2) acc = __fadd_rn(acc, __shfl_down_sync(kFull, acc, off, 16));
+  if (l == 0 && o < rows) y[n0 + o] = acc;
+}
+
+// The whole-K kernel for one row where it applies: float weights with 16-byte aligned rows,
+// an aligned x, and shared memory for kMvOut rows and x. GEIST_CUDA_F32_WHOLE=0: never (a
+// knob to compare; the bits are the same).
+template <GgmlType T>
+bool launch_matvec_f32_whole(const DevMatrix &w, const float *x, float *y, CudaStream s) {
+  if constexpr (!kFloatType<T>) {
+    return false;
+  } else {
+    static const bool on = env_int("GEIST_CUDA_F32_WHOLE", 1) != 0;
+    constexpr int kElem = T == GgmlType::F32 ? 4 : 2;
+    if (!on || w.row_bytes % 16 != 0 || w.n_in % 4 != 0 || (reinterpret_cast<uintptr_t>(w.data) % 16) != 0 ||
+        (reinterpret_cast<uintptr_t>(x) % 16) != 0) {
+      return false;
+    }
+    const size_t smem = size_t(kMvOut) * (w.row_bytes + 16 * kElem) + size_t(w.n_in) * 4;
+    static std::atomic<uint64_t> done{0};
+    if (smem > size_t(48 * 1024) &&
+        (smem > device_optin_smem() || !allow_dynamic_smem(matvec_f32_whole_kernel<T>, device_optin_smem(), done))) {
+      return false;
+    }
+    launch_smem(matvec_f32_whole_kernel<T>, dim3(unsigned((w.n_out + kMvOut - 1) / kMvOut)), dim3(kMvOut * 16), smem,
+                s, w.data, w.row_bytes, w.n_in, w.n_out, x, y);
+    return true;
+  }
+}
+
 template <GgmlType T>
 void launch_matvec_f32(const DevMatrix &w, const float *x, float *y, int n_rows, CudaStream s) {
   const dim3 grid(unsigned((w.n_out + kMvOut - 1) / kMvOut), unsigned((n_rows + 7) / 8));
   const dim3 block(kMvOut * 16);
+  if (n_rows == 1 && launch_matvec_f32_whole<T>(w, x, y, s)) return;
   if (n_rows == 1) {
     launch(matvec_f32_kernel<T, 1>, grid, block, s, w.data, w.row_bytes, w.n_in, w.n_out, x, y, n_rows,
            prefetch_mode());

@@ -1285,12 +1285,10 @@ constexpr int kWtWarps = 4;  // 16 outputs each: 64 outputs per block
 template <GgmlType T>
 constexpr int kWtStride = KQ<T>::kSub == 32 ? 256 + 32 : 256 + 16;  // conflict-free LDS.64 / LDS.32 B fragments
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+using dev::cp_async16;
+using dev::cp_async4;
+using dev::cp_async_commit;
+using dev::cp_async_wait_all;
 
 template <GgmlType T, int NT>
 __global__ void __launch_bounds__(kWtWarps * 32, 2)
@@ -1622,11 +1620,6 @@ __device__ __forceinline__ float mvs_block_q6k(const uint8_t *wb, const int8_t *
   return block_term<GgmlType::Q6_K>(dev::fp16_to_fp32(dwv[0] & 0xFFFFu), 0.0f, dx, isum, 0);
 }
 
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-
 __device__ __forceinline__ void cp_async_wait_upto(int pending) {
   if (pending <= 0) {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
@@ -1767,8 +1760,6 @@ MvsShape mvs_shape(int64_t outputs, int64_t nb) {
   return sh;
 }
 
-size_t mvmma_optin_smem();
-
 // GEIST_CUDA_MVS_HEAD=0: matrices of more than 65536 outputs (the output head) keep the
 // older kernels.
 bool mvs_head() {
@@ -1801,7 +1792,7 @@ bool launch_mvs(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *
     const size_t smem = mvs_smem<T>(K, sh);
     static std::atomic<uint64_t> done{0};
     if (smem > size_t(48 * 1024) &&
-        (smem > mvmma_optin_smem() || !allow_dynamic_smem(mvs_kernel<T>, mvmma_optin_smem(), done))) {
+        (smem > device_optin_smem() || !allow_dynamic_smem(mvs_kernel<T>, device_optin_smem(), done))) {
       return false;
     }
     MvSet set{};
@@ -1890,17 +1881,6 @@ int mvmma_split(int64_t tiles, int nb, int n_rows, size_t smem_limit) {
 
 // The device's opt-in shared memory per block (at least the default 48 KiB), which the
 // 17-32-row launches may take.
-size_t mvmma_optin_smem() {
-  static const size_t v = [] {
-    int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
-      return size_t(48 * 1024);
-    }
-    return std::max(size_t(optin), size_t(48 * 1024));
-  }();
-  return v;
-}
 
 template <GgmlType T>
 void launch_mvmma(const MvSet &set, int64_t K, const int8_t *xq, const float *xd, int n_rows, CudaStream s) {
@@ -1917,7 +1897,7 @@ void launch_mvmma(const MvSet &set, int64_t K, const int8_t *xq, const float *xd
   // (three and four B tiles) the down projection's 40 super-blocks need up to 80 KiB for
   // P = 8, so those take the device's opt-in limit (without it they fell back to P = 1: one
   // warp per 16 outputs walking all of K, E4B 20 rows 11.2 -> 11.9 ms per call).
-  const size_t limit = n_rows > 16 ? mvmma_optin_smem() : size_t(48 * 1024);
+  const size_t limit = n_rows > 16 ? device_optin_smem() : size_t(48 * 1024);
   auto pick = [&](auto nb_tag) {
     constexpr int NB = decltype(nb_tag)::value;
     // P warps per 16 outputs if its terms fit the default 48 KiB or the kernel may take more.
@@ -1925,7 +1905,7 @@ void launch_mvmma(const MvSet &set, int64_t K, const int8_t *xq, const float *xd
       constexpr int P = decltype(p_tag)::value;
       static std::atomic<uint64_t> done{0};
       if (mvmma_terms_bytes(P, n_rows, nb) > size_t(48 * 1024) &&
-          !allow_dynamic_smem(mvmma_kernel<T, P, NB>, mvmma_optin_smem(), done)) {
+          !allow_dynamic_smem(mvmma_kernel<T, P, NB>, device_optin_smem(), done)) {
         return false;
       }
       go(mvmma_kernel<T, P, NB>, P);
@@ -1964,6 +1944,18 @@ int kquant_mma_min_rows() {
       return 1 << 30;
     }
     return major >= 8 ? 9 : 1 << 30;  // int8 MMA of these shapes needs sm_80
+  }();
+  return v;
+}
+
+size_t device_optin_smem() {
+  static const size_t v = [] {
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+      return size_t(48 * 1024);
+    }
+    return std::max(size_t(optin), size_t(48 * 1024));
   }();
   return v;
 }

@@ -2,6 +2,7 @@
 // the activations are quantized (Q8_K: xq [n_rows][K] int8, xd [n_rows][K / 256]).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "backends/cuda/kernels.h"
@@ -36,6 +37,8 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
 bool q32_mma_type(quant::GgmlType t);
 // Multiprocessors of the current device (read once; 1 if unknown).
 int device_sm_count();
+// The device's opt-in shared memory per block (at least 48 KiB).
+size_t device_optin_smem();
 void matmul_q32_mma(const DevMatrix &w, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s);
 
 }  // namespace geist::cuda
