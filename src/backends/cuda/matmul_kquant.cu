@@ -1721,8 +1721,8 @@ __global__ void __launch_bounds__(kMvsThreads)
 }
 
 // GEIST_CUDA_MVS=0 turns the kernel off (one row then takes mvmma or the dp4a matvec, as
-// before); GEIST_CUDA_MVS_TR / _SB / _NBUF force its shape. Knobs to compare; the bits are
-// the same.
+// before); GEIST_CUDA_MVS_TR / _SB / _NBUF force its shape; GEIST_CUDA_MVS_MIN_KIB and
+// GEIST_CUDA_MVS_HEAD (below) widen where it runs. Knobs to compare; the bits are the same.
 bool mvs_enabled() {
   static const bool v = env_int("GEIST_CUDA_MVS", 1) != 0;
   return v;
@@ -1760,10 +1760,21 @@ MvsShape mvs_shape(int64_t outputs, int64_t nb) {
   return sh;
 }
 
-// GEIST_CUDA_MVS_HEAD=0: matrices of more than 65536 outputs (the output head) keep the
-// older kernels.
+// Where the kernel runs by default: calls of at least GEIST_CUDA_MVS_MIN_KIB of weights
+// (default 4096) and at most 65536 outputs (GEIST_CUDA_MVS_HEAD=1: more too). Measured on the
+// H200 (tg128, one call, 2026-12-05): E4B 263.5 t/s with the kernel off, 267.7 on for every
+// K-quant call, 273.3 with the output head (Q6_K 2560 x 262144) left to mvmma; Gemma 3 270M
+// 863.0 off, 841.0 on (its Q4_K/Q6_K matrices have 640 outputs and under 1 MiB: 80 blocks of
+// 8 outputs leave SMs idle). Per call (PerfDecode, us, older kernels -> this one): E4B
+// gate+up 16.6 -> 14.3, gate 9.4 -> 8.4, down Q4_K 11.3 -> 10.1, down Q6_K 16.8 -> 14.7;
+// the 1-3 MB attention matrices within +-0.5 us either way (q 4.5 -> 4.6, o 3.9 -> 4.2,
+// k 3.9 -> 3.8, v 4.7 -> 4.3).
 bool mvs_head() {
-  static const bool v = env_int("GEIST_CUDA_MVS_HEAD", 1) != 0;
+  static const bool v = env_int("GEIST_CUDA_MVS_HEAD", 0) != 0;
+  return v;
+}
+int64_t mvs_min_bytes() {
+  static const int64_t v = int64_t(env_int("GEIST_CUDA_MVS_MIN_KIB", 4096)) * 1024;
   return v;
 }
 
@@ -1776,12 +1787,13 @@ bool launch_mvs(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *
     if (!mvs_enabled() || n_mat <= 0 || n_mat > kMaxSet || (reinterpret_cast<uintptr_t>(xq) & 15) != 0) return false;
     if (T == GgmlType::Q6_K && !mvs_q6k()) return false;
     const int64_t K = ws[0].n_in;
-    int64_t outputs = 0;
+    int64_t outputs = 0, bytes = 0;
     for (int m = 0; m < n_mat; ++m) {
       if ((reinterpret_cast<uintptr_t>(ws[m].data) & 15) != 0 || ws[m].row_bytes % 4 != 0) return false;
       outputs += ws[m].n_out;
+      bytes += ws[m].n_out * int64_t(ws[m].row_bytes);
     }
-    if (outputs > 65536 && !mvs_head()) return false;
+    if ((outputs > 65536 && !mvs_head()) || bytes < mvs_min_bytes()) return false;
     const MvsShape sh = mvs_shape(outputs, K / 256);
     // Q6_K: every piece must start 4-byte aligned (cp.async copies 4 or 16 bytes), so an
     // even number of blocks per row and per slice.
