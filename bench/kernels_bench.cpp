@@ -6,7 +6,10 @@
 // AVX2 maddubs) chains. Run: build/release/bench/kernels_bench [--benchmark_filter=...]
 // GEIST_BENCH_THREADS=N (default 2) sets the pool; docs/KERNELS.md has the numbers.
 #include <benchmark/benchmark.h>
+#include <cpuid.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -371,6 +374,75 @@ void BM_PeakInt8(benchmark::State &st) {
                                             benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_PeakInt8)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// int8 on AMX tiles (Sapphire Rapids and later): what a tile kernel could reach where the
+// CPU has AMX-INT8. Four 16 x 16 int32 accumulator tiles, each TDPBSSD 16 x 16 x 64
+// multiply-adds from two A and two B tiles loaded once. Linux hands out the tile state only
+// after the process asks for it (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA).
+bool amx_int8_usable() {
+  static const bool ok = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || (d & (1u << 24)) == 0 || (d & (1u << 25)) == 0) return false;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || (c & (1u << 27)) == 0) return false;  // OSXSAVE
+    unsigned lo = 0, hi = 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return false;  // XTILECFG and XTILEDATA enabled by the OS
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return ok;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+__attribute__((target("amx-tile,amx-int8"))) int64_t amx_loop(int64_t iters) {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  _tile_loadconfig(&cfg);
+  alignas(64) int8_t src[16 * 64];
+  for (int i = 0; i < 16 * 64; ++i) src[i] = int8_t(i % 7 - 3);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, src, 64);
+  _tile_loadd(5, src, 64);
+  _tile_loadd(6, src, 64);
+  _tile_loadd(7, src, 64);
+  for (int64_t it = 0; it < iters; ++it) {
+    _tile_dpbssd(0, 4, 6);
+    _tile_dpbssd(1, 4, 7);
+    _tile_dpbssd(2, 5, 6);
+    _tile_dpbssd(3, 5, 7);
+  }
+  alignas(64) int32_t c[16 * 16];
+  _tile_stored(0, c, 64);
+  _tile_release();
+  return c[0];
+}
+
+void BM_PeakAmxInt8(benchmark::State &st) {
+  if (!amx_int8_usable()) {
+    st.SkipWithError("no AMX-INT8 on this CPU (or the OS gives no tile state)");
+    return;
+  }
+  const int64_t iters = 1 << 18;
+  std::vector<int64_t> out(64);
+  for (auto _ : st) {
+    pool().run(pool().n_threads(), [&](int task, int) { out[task] = amx_loop(iters); });
+    benchmark::DoNotOptimize(out.data());
+  }
+  st.counters["GOP/s"] = benchmark::Counter(2.0 * 16 * 16 * 64 * 4 * iters * pool().n_threads() * st.iterations() / 1e9,
+                                            benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_PeakAmxInt8)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // f32: FMAs, 512-bit where the CPU has AVX-512, else 256-bit: what bounds the attention's
 // f32 scores and sums.
