@@ -11,7 +11,11 @@ pkgs=(cmake g++ make git pkg-config python3 python3-pip libgtest-dev libgmock-de
       libxxhash-dev libssl-dev libbenchmark-dev)
 optional=(clang libc++-dev libc++abi-dev libcpp-httplib-dev chromium chromium-driver)
 [ "${GEIST_WITH_CLANG:-0}" = 1 ] && optional+=(libclang-rt-dev)
-installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+# Each query's output is taken whole before it is searched: with pipefail, `cmd | grep -q`
+# fails whenever grep exits at its match before cmd has written everything (SIGPIPE), and
+# apt-cache policy's version table made every optional package look missing that way.
+installed() { [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == *"install ok installed"* ]]; }
+has_candidate() { [[ "$(apt-cache policy "$1" 2>/dev/null || true)" =~ Candidate:\ [0-9] ]]; }
 missing=()
 for p in "${pkgs[@]}"; do installed "$p" || missing+=("$p"); done
 missing_opt=()
@@ -20,7 +24,7 @@ if [ ${#missing[@]} -gt 0 ] || [ ${#missing_opt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq
   for p in "${missing_opt[@]}"; do
-    if apt-cache policy "$p" 2>/dev/null | grep -q 'Candidate: [0-9]'; then
+    if has_candidate "$p"; then
       missing+=("$p")
     else
       echo "install_deps: note: no package '$p' here; the checks that need it are skipped" >&2

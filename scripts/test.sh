@@ -28,7 +28,8 @@ else
   # server in the binary, no model, no Chromium) into failures, so that CI cannot pass
   # without testing the server or the chat page. A build configured -DGEIST_SERVE=OFF has
   # no server on purpose.
-  installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+  # (No `| grep -q` under pipefail: grep's early exit can fail the pipe; install_deps.sh.)
+  installed() { [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == *"install ok installed"* ]]; }
   serve_required=0
   if installed libcpp-httplib-dev && grep -q '^GEIST_SERVE:BOOL=ON$' build/release/CMakeCache.txt; then
     serve_required=1
