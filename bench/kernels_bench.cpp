@@ -354,6 +354,19 @@ BENCHMARK(BM_PeakReadBandwidth)->UseRealTime()->Unit(benchmark::kMillisecond);
   for (const V &v : all) differ += std::memcmp(&v, &x, sizeof(V)) != 0;                                \
   return differ;
 
+// Runs loop(iters) on every pool thread at once per iteration; `counter` is the rate of
+// ops_per_iter operations per loop iteration and thread, in G per second.
+template <class Loop>
+void run_peak(benchmark::State &st, Loop loop, int64_t iters, double ops_per_iter, const char *counter) {
+  std::vector<int64_t> out(64);
+  for (auto _ : st) {
+    pool().run(pool().n_threads(), [&](int task, int) { out[task] = loop(iters); });
+    benchmark::DoNotOptimize(out.data());
+  }
+  st.counters[counter] = benchmark::Counter(ops_per_iter * double(iters) * pool().n_threads() * st.iterations() / 1e9,
+                                            benchmark::Counter::kIsRate);
+}
+
 // int8: 512-bit VNNI dot products (64 multiply-adds each).
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) int64_t vnni_loop(int64_t iters) {
   GEIST_PEAK_CHAINS(__m512i, _mm512_dpbusd_epi32, _mm512_set1_epi8(3), _mm512_set1_epi8(5))
@@ -364,14 +377,7 @@ void BM_PeakInt8(benchmark::State &st) {
     st.SkipWithError("no AVX-512 VNNI on this CPU");
     return;
   }
-  const int64_t iters = 1 << 22;
-  std::vector<int64_t> out(64);
-  for (auto _ : st) {
-    pool().run(pool().n_threads(), [&](int task, int) { out[task] = vnni_loop(iters); });
-    benchmark::DoNotOptimize(out.data());
-  }
-  st.counters["GOP/s"] = benchmark::Counter(2.0 * 64 * 12 * iters * pool().n_threads() * st.iterations() / 1e9,
-                                            benchmark::Counter::kIsRate);
+  run_peak(st, vnni_loop, int64_t(1) << 22, 2.0 * 64 * 12, "GOP/s");
 }
 BENCHMARK(BM_PeakInt8)->UseRealTime()->Unit(benchmark::kMillisecond);
 
@@ -433,14 +439,7 @@ void BM_PeakAmxInt8(benchmark::State &st) {
     st.SkipWithError("no AMX-INT8 on this CPU (or the OS gives no tile state)");
     return;
   }
-  const int64_t iters = 1 << 18;
-  std::vector<int64_t> out(64);
-  for (auto _ : st) {
-    pool().run(pool().n_threads(), [&](int task, int) { out[task] = amx_loop(iters); });
-    benchmark::DoNotOptimize(out.data());
-  }
-  st.counters["GOP/s"] = benchmark::Counter(2.0 * 16 * 16 * 64 * 4 * iters * pool().n_threads() * st.iterations() / 1e9,
-                                            benchmark::Counter::kIsRate);
+  run_peak(st, amx_loop, int64_t(1) << 18, 2.0 * 16 * 16 * 64 * 4, "GOP/s");
 }
 BENCHMARK(BM_PeakAmxInt8)->UseRealTime()->Unit(benchmark::kMillisecond);
 
@@ -460,15 +459,7 @@ void BM_PeakF32(benchmark::State &st) {
     st.SkipWithError("no AVX2/FMA on this CPU");
     return;
   }
-  const int64_t iters = 1 << 22;
-  std::vector<int64_t> out(64);
-  for (auto _ : st) {
-    pool().run(pool().n_threads(), [&](int task, int) { out[task] = w512 ? fma512_loop(iters) : fma256_loop(iters); });
-    benchmark::DoNotOptimize(out.data());
-  }
-  const double lanes = w512 ? 16 : 8;
-  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * lanes * 12 * iters * pool().n_threads() * st.iterations() / 1e9,
-                                              benchmark::Counter::kIsRate);
+  run_peak(st, w512 ? fma512_loop : fma256_loop, int64_t(1) << 22, 2.0 * (w512 ? 16 : 8) * 12, "GFLOP/s");
   st.SetLabel(w512 ? "512-bit" : "256-bit");
 }
 BENCHMARK(BM_PeakF32)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -1682,7 +1682,7 @@ __global__ void __launch_bounds__(kMvsThreads)
   for (int i = tid; i < K / 16; i += kMvsThreads) {
     reinterpret_cast<int4 *>(xs)[i] = reinterpret_cast<const int4 *>(xq)[i];
   }
-  for (int j = tid; j < K / 32; j += kMvsThreads) {
+  for (int j = tid; j < (T == GgmlType::Q6_K ? 0 : K / 32); j += kMvsThreads) {  // Q6_K has no mins
     const int4 a = reinterpret_cast<const int4 *>(xq)[2 * j], b = reinterpret_cast<const int4 *>(xq)[2 * j + 1];
     int v = 0;
     v = __dp4a(a.x, 0x01010101, v), v = __dp4a(a.y, 0x01010101, v), v = __dp4a(a.z, 0x01010101, v);
