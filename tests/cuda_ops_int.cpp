@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -550,6 +551,95 @@ CUDA_TEST(CudaOps, RmsNormAddIsNormThenAdd) {
       ASSERT_TRUE(bits_equal(h2.data(), want.data(), want.size())) << "dim " << dim;
     }
   }
+}
+
+// rmsnorm_add_norm (the end of a block and the next block's input norm, one launch up to
+// dim 3072) gives the bits of rmsnorm_add, scale_inplace and rmsnorm run one after another,
+// with and without a scale, a next norm and weights.
+CUDA_TEST(CudaOps, RmsNormAddNormIsTheOpsInTurn) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(14);
+  cu::CudaStream s = cuda_env().s;
+  for (int64_t dim : {256, 512, 640, 2560, 3072, 3073}) {
+    for (int n_vec : {1, 7, 130}) {
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool with_g = variant != 1, with_next = variant != 2, with_gn = variant != 3;
+        const float h_scale = variant == 0 ? 0.8125f : variant == 3 ? 1.7f : 1.0f;
+        const std::vector<float> x = randn(size_t(n_vec) * dim, rng, 3.0f), g = randn(dim, rng),
+                                 gn = randn(dim, rng), h = randn(x.size(), rng, 5.0f);
+        DevBuf dx(x), dg(g), dgn(gn), dh(h), dout(x.size() * 4), ex(x), eh(h), eout(x.size() * 4);
+        const float *gp = with_g ? dg.as<float>() : nullptr, *gnp = with_gn ? dgn.as<float>() : nullptr;
+        CU_OK(cu::rmsnorm_add(ex.as<float>(), gp, ex.as<float>(), eh.as<float>(), n_vec, dim, 1e-6f, s));
+        if (h_scale != 1.0f) CU_OK(cu::scale_inplace(eh.as<float>(), h_scale, int64_t(n_vec) * dim, s));
+        if (with_next) CU_OK(cu::rmsnorm(eh.as<float>(), gnp, eout.as<float>(), n_vec, dim, 1e-6f, s));
+        CU_OK(cu::rmsnorm_add_norm(dx.as<float>(), gp, dh.as<float>(), h_scale, gnp,
+                                   with_next ? dout.as<float>() : nullptr, n_vec, dim, 1e-6f, s));
+        const std::string what = "dim " + std::to_string(dim) + " rows " + std::to_string(n_vec) + " variant " +
+                                  std::to_string(variant);
+        ASSERT_TRUE(bits_equal(dx.get<float>(x.size()).data(), ex.get<float>(x.size()).data(), x.size())) << what;
+        ASSERT_TRUE(bits_equal(dh.get<float>(x.size()).data(), eh.get<float>(x.size()).data(), x.size())) << what;
+        if (with_next) {
+          ASSERT_TRUE(bits_equal(dout.get<float>(x.size()).data(), eout.get<float>(x.size()).data(), x.size()))
+              << what;
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(cu::rmsnorm_add_norm(nullptr, nullptr, nullptr, 1.0f, nullptr, nullptr, 1, 64, 1e-6f, s).is_ok());
+}
+
+// head_norm_rope (Gemma's q/k/v norms and RoPE, one launch for up to three tensors) gives
+// the bits of rmsnorm per head then rope_neox on each tensor, for head dims 32..512 (and
+// 1024, where it runs those ops), with and without weights and rotation.
+CUDA_TEST(CudaOps, HeadNormRopeIsNormThenRope) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(15);
+  cu::CudaStream s = cuda_env().s;
+  for (int head_dim : {32, 64, 256, 512, 1024}) {
+    for (int n_rows : {1, 7, 130}) {
+      for (int n_t : {1, 2, 3}) {
+        cpu::RopeTable table;
+        table.init(1e6, head_dim, 1.0, nullptr);
+        std::vector<float> cs(size_t(n_rows) * head_dim);
+        table.fill(int64_t(rng() % 100000), n_rows, cs.data());
+        DevBuf dcs(cs);
+        const int heads[3] = {8, 2, 2};
+        const bool rope[3] = {true, true, false};
+        const bool weight[3] = {true, true, false};
+        std::vector<std::vector<float>> xs, gs;
+        std::vector<std::unique_ptr<DevBuf>> dx, de, dg;  // DevBuf does not move
+        cu::HeadNormSet set;
+        set.n = n_t;
+        for (int i = 0; i < n_t; ++i) {
+          xs.push_back(randn(size_t(n_rows) * heads[i] * head_dim, rng, 3.0f));
+          gs.push_back(randn(head_dim, rng));
+        }
+        for (int i = 0; i < n_t; ++i) {
+          dx.push_back(std::make_unique<DevBuf>(xs[i]));
+          de.push_back(std::make_unique<DevBuf>(xs[i]));
+          dg.push_back(std::make_unique<DevBuf>(gs[i]));
+        }
+        for (int i = 0; i < n_t; ++i) {
+          const float *gp = weight[i] ? dg[i]->as<float>() : nullptr;
+          set.x[i] = dx[i]->as<float>();
+          set.g[i] = gp;
+          set.n_heads[i] = heads[i];
+          set.rope[i] = rope[i];
+          float *e = de[i]->as<float>();
+          CU_OK(cu::rmsnorm(e, gp, e, int64_t(n_rows) * heads[i], head_dim, 1e-6f, s));
+          if (rope[i]) CU_OK(cu::rope_neox(e, n_rows, heads[i], head_dim, head_dim, dcs.as<float>(), s));
+        }
+        CU_OK(cu::head_norm_rope(set, n_rows, head_dim, 1e-6f, dcs.as<float>(), s));
+        for (int i = 0; i < n_t; ++i) {
+          const size_t n = xs[i].size();
+          ASSERT_TRUE(bits_equal(dx[i]->get<float>(n).data(), de[i]->get<float>(n).data(), n))
+              << "hd " << head_dim << " rows " << n_rows << " tensor " << i << " of " << n_t;
+        }
+      }
+    }
+  }
+  cu::HeadNormSet bad;
+  EXPECT_FALSE(cu::head_norm_rope(bad, 1, 64, 1e-6f, nullptr, s).is_ok());
 }
 
 // RoPE (NEOX), full and partial rotation: cpu::rope_neox's bits.

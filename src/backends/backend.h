@@ -111,6 +111,31 @@ class Exec {
     rmsnorm(x, g, n_vec, dim, eps, x);
     add(h, x, n_vec * dim);
   }
+  // The end of a block and the input norm of the next, as one op where a backend fuses
+  // them: rmsnorm_add(x, g, h), then h *= h_scale unless it is 1, then out = rmsnorm(h) *
+  // g_next (g_next null: no weight). Exactly those ops in turn. x, h, out: distinct.
+  virtual void rmsnorm_add_norm(Act x, const WeightView *g, Act h, float h_scale, const WeightView *g_next, Act out,
+                                int64_t n_vec, int64_t dim, float eps) {
+    rmsnorm_add(x, g, n_vec, dim, eps, h);
+    if (h_scale != 1.0f) scale(h, h_scale, n_vec * dim);
+    rmsnorm(h, g_next, n_vec, dim, eps, out);
+  }
+  // Per-head RMSNorm and then, where `rope` is set, NEOX RoPE over the whole head with the
+  // rows cs, in place on each of up to 3 tensors x [n_rows][n_heads][head_dim] of one step
+  // (Gemma's q, k and v norms). Exactly rmsnorm then rope on each, as one op where a
+  // backend fuses them.
+  struct HeadNorm {
+    Act x;
+    const WeightView *g = nullptr;  // null: no weight
+    int n_heads = 0;
+    bool rope = false;
+  };
+  virtual void head_norm_rope(const HeadNorm *t, int n_t, int n_rows, int head_dim, float eps, Act cs) {
+    for (int i = 0; i < n_t; ++i) {
+      rmsnorm(t[i].x, t[i].g, int64_t(n_rows) * t[i].n_heads, head_dim, eps, t[i].x);
+      if (t[i].rope) rope(t[i].x, n_rows, t[i].n_heads, head_dim, head_dim, cs);
+    }
+  }
   // NEOX rotary embedding in place on x [n_rows][n_heads][head_dim] with rows cs (rope_rows).
   virtual void rope(Act x, int n_rows, int n_heads, int head_dim, int rot_dim, Act cs) = 0;
   // Store the step's K and V rows [n_rows][row_floats] as layer l of each sequence's store,

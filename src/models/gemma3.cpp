@@ -37,8 +37,8 @@ class Gemma3 final : public ArchModel {
   Status load(const gguf::GgufFile &f, std::unique_ptr<Backend> backend);
 
  private:
-  void attention_block(const Layer &L, int il, Act h, int n, Exec &ex, Act cs) const;
-  void ffn_block(const Layer &L, Act h, int n, Exec &ex) const;
+  void attention_block(int il, Act h, int n, Exec &ex, Act cs) const;
+  void ffn_block(int il, Act h, int n, Exec &ex) const;
 
   std::unique_ptr<Backend> backend_;
   ModelInfo info_;
@@ -172,8 +172,10 @@ void Gemma3::reserve(Exec &ex) const {
   }
 }
 
-// h += post_norm(W_o * attention(rope(norm(W_q x)), rope(norm(W_k x)), W_v x)), x = norm(h)
-void Gemma3::attention_block(const Layer &L, int il, Act h, int n, Exec &ex, Act cs) const {
+// x = attn_norm(h) on entry (the step or the layer before normalized it);
+// h += post_norm(W_o * attention(rope(norm(W_q x)), rope(norm(W_k x)), W_v x)), x = ffn_norm(h)
+void Gemma3::attention_block(int il, Act h, int n, Exec &ex, Act cs) const {
+  const Layer &L = layers_[size_t(il)];
   const int64_t d = n_embd_, qd = n_head_ * head_dim_, kvd = n_head_kv_ * head_dim_;
   const Act x = ex.buffer(kX, d);       // [n][d]
   const Act q = ex.buffer(kQ, qd);      // [n][n_head][head_dim]
@@ -182,27 +184,28 @@ void Gemma3::attention_block(const Layer &L, int il, Act h, int n, Exec &ex, Act
   const Act att = ex.buffer(kAttn, qd); // [n][n_head][head_dim]
   const Act o = ex.buffer(kO, d);       // [n][d]
 
-  ex.rmsnorm(h, &L.attn_norm, n, d, eps_, x);
   {
     const WeightView *ws[] = {&L.attn_q, &L.attn_k, &L.attn_v};
     const Act ys[] = {q, k, v};
     ex.matmul(ws, 3, x, ys, n);
   }
-  ex.rmsnorm(q, &L.attn_q_norm, int64_t(n) * n_head_, head_dim_, eps_, q);
-  ex.rmsnorm(k, &L.attn_k_norm, int64_t(n) * n_head_kv_, head_dim_, eps_, k);
-  ex.rope(q, n, int(n_head_), int(head_dim_), int(head_dim_), cs);
-  ex.rope(k, n, int(n_head_kv_), int(head_dim_), int(head_dim_), cs);
+  const Exec::HeadNorm heads[] = {{q, &L.attn_q_norm, int(n_head_), true}, {k, &L.attn_k_norm, int(n_head_kv_), true}};
+  ex.head_norm_rope(heads, 2, n, int(head_dim_), eps_, cs);
 
   ex.kv_append(il, k, v);
   ex.attention(il, q, att, int(n_head_), int(head_dim_), L.sliding ? window_ : 0, attn_scale_);
   ex.matmul(L.attn_output, att, o, n);
-  ex.rmsnorm_add(o, &L.post_attention_norm, n, d, eps_, h);
+  residual_norm(ex, o, L.post_attention_norm, h, 1.0f, &L.ffn_norm, x, n, eps_);
 }
 
-// h += post_norm(W_down (gelu(W_gate x) * W_up x)), x = norm(h)
-void Gemma3::ffn_block(const Layer &L, Act h, int n, Exec &ex) const {
-  gelu_ffn_residual(ex, h, n, L.ffn_norm, L.ffn_gate, L.ffn_up, L.ffn_down, L.post_ffw_norm, eps_,
-                    ex.buffer(kX, n_embd_), ex.buffer(kGate, n_ff_), ex.buffer(kUp, n_ff_), ex.buffer(kO, n_embd_));
+// x = ffn_norm(h) on entry; h += post_norm(W_down (gelu(W_gate x) * W_up x)), then x = the
+// next layer's attn_norm(h).
+void Gemma3::ffn_block(int il, Act h, int n, Exec &ex) const {
+  const Layer &L = layers_[size_t(il)];
+  const Act x = ex.buffer(kX, n_embd_), o = ex.buffer(kO, n_embd_);
+  gelu_ffn(ex, x, n, L.ffn_gate, L.ffn_up, L.ffn_down, ex.buffer(kGate, n_ff_), ex.buffer(kUp, n_ff_), o);
+  const WeightView *next = size_t(il) + 1 < layers_.size() ? &layers_[size_t(il) + 1].attn_norm : nullptr;
+  residual_norm(ex, o, L.post_ffw_norm, h, 1.0f, next, x, n, eps_);
 }
 
 Status Gemma3::forward(const int32_t *tokens, const StepSeq *seqs, int n_seqs, Exec &ex,
@@ -216,11 +219,11 @@ Status Gemma3::forward(const int32_t *tokens, const StepSeq *seqs, int n_seqs, E
   const Act cs_global = ex.rope_rows(kRopeG, rope_global_), cs_local = ex.rope_rows(kRopeL, rope_local_);
   const Act h = ex.buffer(kH, d);  // [n][d] residual stream
   ex.embed(token_embd_, std::sqrt(float(d)), h);
+  ex.rmsnorm(h, &layers_[0].attn_norm, n, d, eps_, ex.buffer(kX, d));
 
   for (size_t il = 0; il < layers_.size(); ++il) {
-    const Layer &L = layers_[il];
-    attention_block(L, int(il), h, n, ex, L.sliding ? cs_local : cs_global);
-    ffn_block(L, h, n, ex);
+    attention_block(int(il), h, n, ex, layers_[il].sliding ? cs_local : cs_global);
+    ffn_block(int(il), h, n, ex);
   }
 
   step_logits(ex, output_, output_norm_, h, n, seqs, n_seqs, eps_, softcap_, out, ex.buffer(kX, d), ex.buffer(kO, d));

@@ -50,8 +50,11 @@ class Gemma4 final : public ArchModel {
                       int64_t *n_shared);
   void per_layer_inputs(Act e, int n, Exec &ex) const;
   void attention_block(const Layer &L, Act h, int n, Exec &ex, Act cs) const;
-  void ffn_block(const Layer &L, Act h, int n, Exec &ex) const;
-  void ple_block(const Layer &L, int il, Act h, int n, Exec &ex) const;
+  void ffn_block(int il, Act h, int n, Exec &ex) const;
+  void ple_block(int il, Act h, int n, Exec &ex) const;
+  // The end of layer il: h += post(o), h *= the layer's output scale, x = the next layer's
+  // attn_norm(h).
+  void end_layer(int il, Act o, const WeightView &post, Act h, int n, Exec &ex) const;
 
   std::unique_ptr<Backend> backend_;
   ModelInfo info_;
@@ -342,14 +345,14 @@ void Gemma4::per_layer_inputs(Act e, int n, Exec &ex) const {
   ex.add_scale(z, tok, 0.70710678118654752f, int64_t(n) * width);  // (z + tok) * 2^-1/2
 }
 
-// h += post_norm(W_o attention(rope(norm(W_q x)), K, V)), x = norm(h); owners append
+// x = attn_norm(h) on entry (the step or the layer before normalized it);
+// h += post_norm(W_o attention(rope(norm(W_q x)), K, V)), x = ffn_norm(h); owners append
 // K = rope(norm(W_k x)), V = rmsnorm(W_v x) (no weight) to their cache first.
 void Gemma4::attention_block(const Layer &L, Act h, int n, Exec &ex, Act cs) const {
   const int64_t d = n_embd_, hd = L.head_dim, qd = n_head_ * hd, kvd = n_head_kv_ * hd;
   const Act x = ex.buffer(kX, d), q = ex.buffer(kQ, qd), k = ex.buffer(kK, kvd), v = ex.buffer(kV, kvd);
   const Act att = ex.buffer(kAttn, qd), o = ex.buffer(kO, d);
 
-  ex.rmsnorm(h, &L.attn_norm, n, d, eps_, x);
   if (L.owns_kv) {
     const WeightView *wv[] = {&L.attn_q, &L.attn_k, &L.attn_v};
     const Act ys[] = {q, k, v};
@@ -357,42 +360,48 @@ void Gemma4::attention_block(const Layer &L, Act h, int n, Exec &ex, Act cs) con
   } else {
     ex.matmul(L.attn_q, x, q, n);
   }
-  ex.rmsnorm(q, &L.attn_q_norm, int64_t(n) * n_head_, hd, eps_, q);
-  ex.rope(q, n, int(n_head_), int(hd), int(hd), cs);
+  const Exec::HeadNorm heads[] = {{q, &L.attn_q_norm, int(n_head_), true},
+                                   {k, &L.attn_k_norm, int(n_head_kv_), true},
+                                   {v, nullptr, int(n_head_kv_), false}};
+  ex.head_norm_rope(heads, L.owns_kv ? 3 : 1, n, int(hd), eps_, cs);
   const int slot = L.kv_src;
-  if (L.owns_kv) {
-    ex.rmsnorm(k, &L.attn_k_norm, int64_t(n) * n_head_kv_, hd, eps_, k);
-    ex.rope(k, n, int(n_head_kv_), int(hd), int(hd), cs);
-    ex.rmsnorm(v, nullptr, int64_t(n) * n_head_kv_, hd, eps_, v);
-    ex.kv_append(slot, k, v);
-  }
+  if (L.owns_kv) ex.kv_append(slot, k, v);
   ex.attention(slot, q, att, int(n_head_), int(hd), L.sliding ? window_ : 0, 1.0f);
   ex.matmul(L.attn_output, att, o, n);
-  ex.rmsnorm_add(o, &L.post_attention_norm, n, d, eps_, h);
+  residual_norm(ex, o, L.post_attention_norm, h, 1.0f, &L.ffn_norm, x, n, eps_);
 }
 
-// h += post_norm(W_down (gelu(W_gate x) * W_up x)), x = norm(h)
-void Gemma4::ffn_block(const Layer &L, Act h, int n, Exec &ex) const {
+// x = ffn_norm(h) on entry; h += post_norm(W_down (gelu(W_gate x) * W_up x)) (then the
+// per-layer input block, or the end of the layer without one).
+void Gemma4::ffn_block(int il, Act h, int n, Exec &ex) const {
+  const Layer &L = layers_[size_t(il)];
   const int64_t d = n_embd_, F = L.n_ff;
-  gelu_ffn_residual(ex, h, n, L.ffn_norm, L.ffn_gate, L.ffn_up, L.ffn_down, L.post_ffw_norm, eps_, ex.buffer(kX, d),
-                    ex.buffer(kGate, F), ex.buffer(kUp, F), ex.buffer(kO, d));
+  const Act x = ex.buffer(kX, d), o = ex.buffer(kO, d);
+  gelu_ffn(ex, x, n, L.ffn_gate, L.ffn_up, L.ffn_down, ex.buffer(kGate, F), ex.buffer(kUp, F), o);
+  if (d_ple_ > 0) {
+    ex.rmsnorm_add(o, &L.post_ffw_norm, n, d, eps_, h);
+  } else {
+    end_layer(il, o, L.post_ffw_norm, h, n, ex);
+  }
 }
 
-// h += post_norm(W_proj (gelu(W_gate h) * z[l])), then h *= the layer's output scale.
-void Gemma4::ple_block(const Layer &L, int il, Act h, int n, Exec &ex) const {
-  const int64_t d = n_embd_;
-  if (d_ple_ > 0) {
-    const Act z = ex.buffer(kPle, int64_t(layers_.size()) * d_ple_);
-    const Act g = ex.buffer(kPleG, d_ple_);
-    const Act zl = ex.buffer(kPleTmp, d_ple_);  // z[:, l] made contiguous
-    const Act o = ex.buffer(kO, d);
-    ex.matmul(L.inp_gate, h, g, n);
-    ex.copy_cols(z, int64_t(il) * d_ple_, zl, n);
-    ex.gelu_mul(g, zl, g, int64_t(n) * d_ple_);
-    ex.matmul(L.proj, g, o, n);
-    ex.rmsnorm_add(o, &L.post_norm, n, d, eps_, h);
-  }
-  if (L.out_scale != 1.0f) ex.scale(h, L.out_scale, int64_t(n) * d);
+void Gemma4::end_layer(int il, Act o, const WeightView &post, Act h, int n, Exec &ex) const {
+  const WeightView *next = size_t(il) + 1 < layers_.size() ? &layers_[size_t(il) + 1].attn_norm : nullptr;
+  residual_norm(ex, o, post, h, layers_[size_t(il)].out_scale, next, ex.buffer(kX, n_embd_), n, eps_);
+}
+
+// h += post_norm(W_proj (gelu(W_gate h) * z[l])), then the end of the layer.
+void Gemma4::ple_block(int il, Act h, int n, Exec &ex) const {
+  const Layer &L = layers_[size_t(il)];
+  const Act z = ex.buffer(kPle, int64_t(layers_.size()) * d_ple_);
+  const Act g = ex.buffer(kPleG, d_ple_);
+  const Act zl = ex.buffer(kPleTmp, d_ple_);  // z[:, l] made contiguous
+  const Act o = ex.buffer(kO, n_embd_);
+  ex.matmul(L.inp_gate, h, g, n);
+  ex.copy_cols(z, int64_t(il) * d_ple_, zl, n);
+  ex.gelu_mul(g, zl, g, int64_t(n) * d_ple_);
+  ex.matmul(L.proj, g, o, n);
+  end_layer(il, o, L.post_norm, h, n, ex);
 }
 
 Status Gemma4::forward(const int32_t *tokens, const StepSeq *seqs, int n_seqs, Exec &ex,
@@ -407,11 +416,13 @@ Status Gemma4::forward(const int32_t *tokens, const StepSeq *seqs, int n_seqs, E
   ex.embed(token_embd_, std::sqrt(float(d)), h);
   if (d_ple_ > 0) per_layer_inputs(h, n, ex);
 
+  ex.rmsnorm(h, &layers_[0].attn_norm, n, d, eps_, ex.buffer(kX, d));
+
   for (size_t il = 0; il < layers_.size(); ++il) {
     const Layer &L = layers_[il];
     attention_block(L, h, n, ex, L.sliding ? cs_swa : cs_full);
-    ffn_block(L, h, n, ex);
-    ple_block(L, int(il), h, n, ex);
+    ffn_block(int(il), h, n, ex);
+    if (d_ple_ > 0) ple_block(int(il), h, n, ex);
   }
 
   step_logits(ex, output_, output_norm_, h, n, seqs, n_seqs, eps_, softcap_, out, ex.buffer(kX, d), ex.buffer(kO, d));

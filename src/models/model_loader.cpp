@@ -194,17 +194,24 @@ void advance_seqs(const StepSeq *seqs, int n_seqs) {
   for (int i = 0; i < n_seqs; ++i) seqs[i].kv->n_past += seqs[i].n_rows;
 }
 
-void gelu_ffn_residual(Exec &ex, Act h, int n, const WeightView &norm, const WeightView &w_gate,
-                       const WeightView &w_up, const WeightView &w_down, const WeightView &post_norm, float eps, Act x,
-                       Act gate, Act up, Act o) {
-  const int64_t d = h.width;
-  ex.rmsnorm(h, &norm, n, d, eps, x);
+void gelu_ffn(Exec &ex, Act x, int n, const WeightView &w_gate, const WeightView &w_up, const WeightView &w_down,
+              Act gate, Act up, Act o) {
   const WeightView *ws[] = {&w_gate, &w_up};
   const Act ys[] = {gate, up};
   ex.matmul(ws, 2, x, ys, n);
   ex.gelu_mul(gate, up, gate, int64_t(n) * w_gate.n_out);
   ex.matmul(w_down, gate, o, n);
+}
+
+void residual_norm(Exec &ex, Act o, const WeightView &post_norm, Act h, float h_scale, const WeightView *next_norm,
+                   Act x, int n, float eps) {
+  const int64_t d = h.width;
+  if (next_norm != nullptr) {
+    ex.rmsnorm_add_norm(o, &post_norm, h, h_scale, next_norm, x, n, d, eps);
+    return;
+  }
   ex.rmsnorm_add(o, &post_norm, n, d, eps, h);
+  if (h_scale != 1.0f) ex.scale(h, h_scale, int64_t(n) * d);
 }
 
 void step_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act h, int n_rows, const StepSeq *seqs,

@@ -64,11 +64,15 @@ Status check_forward_args(const int32_t *tokens, const StepSeq *seqs, int n_seqs
 // After a step's end_step succeeded: each sequence's store advances by its rows.
 void advance_seqs(const StepSeq *seqs, int n_seqs);
 
-// The Gemma FFN with its residual: h += post_norm(W_down (gelu(W_gate x) * W_up x)),
-// x = norm(h), for n rows of width d. Scratch: x, o [n][d]; gate, up [n][n_ff].
-void gelu_ffn_residual(Exec &ex, Act h, int n, const WeightView &norm, const WeightView &w_gate,
-                       const WeightView &w_up, const WeightView &w_down, const WeightView &post_norm, float eps, Act x,
-                       Act gate, Act up, Act o);
+// The Gemma FFN: o = W_down (gelu(W_gate x) * W_up x) for n rows x [n][d] (the block's
+// normalized input). Scratch: gate, up [n][n_ff]; o [n][d].
+void gelu_ffn(Exec &ex, Act x, int n, const WeightView &w_gate, const WeightView &w_up, const WeightView &w_down,
+              Act gate, Act up, Act o);
+// The end of a block and the start of the next: h += post_norm(o), then h *= h_scale
+// unless it is 1, then x = next_norm(h) when next_norm is set (the next block's input; o
+// is scratch afterwards). One Exec op when there is a next norm.
+void residual_norm(Exec &ex, Act o, const WeightView &post_norm, Act h, float h_scale, const WeightView *next_norm,
+                   Act x, int n, float eps);
 
 // logits [n][n_vocab] = softcap(W_out rmsnorm(h, norm)) for n rows h [n][d], to the host;
 // x: scratch of n rows of d; softcap 0 = none.

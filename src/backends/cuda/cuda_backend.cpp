@@ -403,6 +403,29 @@ class CudaExec final : public Exec {
     record("rmsnorm_add", key(13, x.p, gp, n_vec, dim, eps, h.p),
            [=, s = stream_] { return cuda::rmsnorm_add(x.p, gp, x.p, h.p, n_vec, dim, eps, s); });
   }
+  void rmsnorm_add_norm(Act x, const WeightView *g, Act h, float h_scale, const WeightView *g_next, Act out,
+                        int64_t n_vec, int64_t dim, float eps) override {
+    const float *gp = g ? reinterpret_cast<const float *>(g->device) : nullptr;
+    const float *np = g_next ? reinterpret_cast<const float *>(g_next->device) : nullptr;
+    record("rmsnorm_add_norm", key(14, x.p, gp, h.p, h_scale, np, out.p, n_vec, dim, eps), [=, s = stream_] {
+      return cuda::rmsnorm_add_norm(x.p, gp, h.p, h_scale, np, out.p, n_vec, dim, eps, s);
+    });
+  }
+  void head_norm_rope(const HeadNorm *t, int n_t, int n_rows, int head_dim, float eps, Act cs) override {
+    if (n_t < 1 || n_t > 3) return fail(Status(GEIST_E_INVALID_ARGUMENT, "head_norm_rope: 1 to 3 tensors"));
+    cuda::HeadNormSet set;
+    set.n = n_t;
+    uint64_t k = key(15, n_t, n_rows, head_dim, eps, cs.p);
+    for (int i = 0; i < n_t; ++i) {
+      set.x[i] = t[i].x.p;
+      set.g[i] = t[i].g ? reinterpret_cast<const float *>(t[i].g->device) : nullptr;
+      set.n_heads[i] = t[i].n_heads;
+      set.rope[i] = t[i].rope;
+      k = mix(k, key(set.x[i], set.g[i], set.n_heads[i], int(set.rope[i])));
+    }
+    record("head_norm_rope", k,
+           [=, s = stream_] { return cuda::head_norm_rope(set, n_rows, head_dim, eps, cs.p, s); });
+  }
   void rope(Act x, int n_rows, int n_heads, int head_dim, int rot_dim, Act cs) override {
     record("rope", key(4, x.p, n_rows, n_heads, head_dim, rot_dim, cs.p),
            [=, s = stream_] { return cuda::rope_neox(x.p, n_rows, n_heads, head_dim, rot_dim, cs.p, s); });

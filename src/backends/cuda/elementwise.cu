@@ -10,6 +10,39 @@ constexpr unsigned kFull = 0xFFFFFFFFu;
 
 unsigned blocks_for(int64_t n, int per) { return unsigned((n + per - 1) / per); }
 
+// RMSNorm's scale of one vector, 1 / sqrt(mean(x^2) + eps), from each thread's double sum
+// of squares: across the warp by shuffles, then warp by warp in thread 0, in that fixed
+// order. Every thread of the block calls it; `part` and `r_sh` are the block's shared
+// scratch, free again when it returns (a second call in the same kernel is safe).
+template <int kThreads>
+__device__ __forceinline__ float rms_scale(double ss, int64_t dim, float eps, double *part, float *r_sh) {
+  for (int o = 16; o >= 1; o /= 2) ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double t = part[0];
+    for (int w = 1; w < kThreads / 32; ++w) t = __dadd_rn(t, part[w]);
+    *r_sh = float(__ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(__ddiv_rn(t, double(dim)), double(eps)))));
+  }
+  __syncthreads();
+  return *r_sh;
+}
+
+// A thread's sum of squares over its kPer register elements i = threadIdx.x + j kThreads,
+// in j order (the tree of rms_scale does the rest).
+template <int kThreads, int kPer>
+__device__ __forceinline__ double sum_squares(const float (&xr)[kPer], int64_t dim) {
+  double ss = 0.0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    if (threadIdx.x + j * kThreads < dim) {
+      const double t = double(xr[j]);
+      ss = __dadd_rn(ss, __dmul_rn(t, t));
+    }
+  }
+  return ss;
+}
+
 // One block per vector. The sum of squares is taken in double (each square is exact in
 // double) by a fixed tree: per thread in index order, then across the warp, then warp by
 // warp. Only the order of the double additions differs from the CPU's loop, so the scale r
@@ -38,29 +71,14 @@ __global__ void __launch_bounds__(kThreads)
       gr[j] = g && i < dim ? g[i] : 0.0f;
       hr[j] = hv && i < dim ? hv[i] : 0.0f;
     }
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if (threadIdx.x + j * kThreads < dim) {
-        const double t = double(xr[j]);
-        ss = __dadd_rn(ss, __dmul_rn(t, t));
-      }
-    }
+    ss = sum_squares<kThreads, kPer>(xr, dim);
   } else {
     for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
       const double t = double(xv[i]);
       ss = __dadd_rn(ss, __dmul_rn(t, t));
     }
   }
-  for (int o = 16; o >= 1; o /= 2) ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double t = part[0];
-    for (int w = 1; w < kThreads / 32; ++w) t = __dadd_rn(t, part[w]);
-    r_sh = float(__ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(__ddiv_rn(t, double(dim)), double(eps)))));
-  }
-  __syncthreads();
-  const float r = r_sh;
+  const float r = rms_scale<kThreads>(ss, dim, eps, part, &r_sh);
   if constexpr (kPer > 0) {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -78,6 +96,119 @@ __global__ void __launch_bounds__(kThreads)
       if (g) v = __fmul_rn(v, g[i]);
       ov[i] = v;
       if (hv) hv[i] = __fadd_rn(hv[i], v);  // rmsnorm_add
+    }
+  }
+}
+
+// rmsnorm_add_norm: one block per row, the tree of rmsnorm_kernel<kThreads, kPer> for both
+// norms (the same dim, so the same threads hold the same elements): x = rmsnorm(x) g, h +=
+// x, h *= s (when s != 1), out = rmsnorm(h) gn (when out is set). Each value is the one the
+// separate kernels compute, by the same operations in the same order.
+template <int kThreads, int kPer>
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_add_norm_kernel(float *x, const float *__restrict__ g, float *h, float s, const float *__restrict__ gn,
+                            float *out, int64_t dim, float eps) {
+  dev::pdl_start();
+  __shared__ double part[kThreads / 32];
+  __shared__ float r_sh;
+  float *xv = x + size_t(blockIdx.x) * dim;
+  float *hv = h + size_t(blockIdx.x) * dim;
+  float xr[kPer], gr[kPer], hr[kPer], nr[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    xr[j] = i < dim ? xv[i] : 0.0f;
+    gr[j] = g && i < dim ? g[i] : 0.0f;
+    hr[j] = i < dim ? hv[i] : 0.0f;
+    nr[j] = gn && i < dim ? gn[i] : 0.0f;
+  }
+  const float r = rms_scale<kThreads>(sum_squares<kThreads, kPer>(xr, dim), dim, eps, part, &r_sh);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    if (i < dim) {
+      float v = __fmul_rn(xr[j], r);
+      if (g) v = __fmul_rn(v, gr[j]);
+      xv[i] = v;
+      float t = __fadd_rn(hr[j], v);
+      if (s != 1.0f) t = __fmul_rn(t, s);
+      hv[i] = t;
+      hr[j] = t;
+    }
+  }
+  if (out == nullptr) return;
+  const float r2 = rms_scale<kThreads>(sum_squares<kThreads, kPer>(hr, dim), dim, eps, part, &r_sh);
+  float *ov = out + size_t(blockIdx.x) * dim;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    if (i < dim) {
+      float v = __fmul_rn(hr[j], r2);
+      if (gn) v = __fmul_rn(v, nr[j]);
+      ov[i] = v;
+    }
+  }
+}
+
+// head_norm_rope: one block of 64 threads per (tensor, row, head), head_dim <= 512: the
+// tree of rmsnorm_kernel<64, 8> (what rmsnorm runs for dim <= 512), then, for a rotated
+// tensor, rope_neox_kernel's arithmetic on the normalized values through shared memory.
+__global__ void __launch_bounds__(64) head_norm_rope_kernel(HeadNormSet t, int n_rows, int head_dim, int rot_dim,
+                                                            float eps, const float *__restrict__ cs) {
+  dev::pdl_start();
+  constexpr int kThreads = 64, kPer = 8;
+  __shared__ double part[kThreads / 32];
+  __shared__ float r_sh;
+  __shared__ float v_sh[kThreads * kPer];
+  // Which tensor: blocks [0, n_rows h0) are tensor 0's vectors, then tensor 1's, ...
+  int64_t b = blockIdx.x;
+  int ti = 0;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    if (ti < t.n - 1 && b >= int64_t(n_rows) * t.n_heads[ti]) {
+      b -= int64_t(n_rows) * t.n_heads[ti];
+      ++ti;
+    }
+  }
+  // Constant indices only (a variable index into a kernel parameter array goes to local memory).
+  float *x = ti == 0 ? t.x[0] : ti == 1 ? t.x[1] : t.x[2];
+  const float *g = ti == 0 ? t.g[0] : ti == 1 ? t.g[1] : t.g[2];
+  const int nh = ti == 0 ? t.n_heads[0] : ti == 1 ? t.n_heads[1] : t.n_heads[2];
+  const bool rope = ti == 0 ? t.rope[0] : ti == 1 ? t.rope[1] : t.rope[2];
+  float *xv = x + size_t(b) * head_dim;
+  float xr[kPer], gr[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    xr[j] = i < head_dim ? xv[i] : 0.0f;
+    gr[j] = g && i < head_dim ? g[i] : 0.0f;
+  }
+  const float r = rms_scale<kThreads>(sum_squares<kThreads, kPer>(xr, head_dim), head_dim, eps, part, &r_sh);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    if (i < head_dim) {
+      float v = __fmul_rn(xr[j], r);
+      if (g) v = __fmul_rn(v, gr[j]);
+      if (rope) {
+        v_sh[i] = v;
+      } else {
+        xv[i] = v;
+      }
+    }
+  }
+  if (!rope) return;
+  __syncthreads();
+  const int half = rot_dim / 2;
+  const float *c = cs + size_t(b / nh) * rot_dim;
+  for (int i = threadIdx.x; i < head_dim; i += kThreads) {
+    if (i < half) {
+      const float x0 = v_sh[i], x1 = v_sh[i + half];
+      const float co = c[2 * i], si = c[2 * i + 1];
+      xv[i] = __fsub_rn(__fmul_rn(x0, co), __fmul_rn(x1, si));
+      xv[i + half] = __fadd_rn(__fmul_rn(x1, co), __fmul_rn(x0, si));
+    } else if (i >= rot_dim) {
+      xv[i] = v_sh[i];  // past the rotation: the normalized value
     }
   }
 }
@@ -165,6 +296,52 @@ Status rmsnorm_add(const float *x, const float *g, float *out, float *h, int64_t
 
 Status rmsnorm(const float *x, const float *g, float *out, int64_t n_vec, int64_t dim, float eps, CudaStream s) {
   return rmsnorm_add(x, g, out, nullptr, n_vec, dim, eps, s);
+}
+
+Status rmsnorm_add_norm(float *x, const float *g, float *h, float h_scale, const float *g_next, float *out,
+                        int64_t n_vec, int64_t dim, float eps, CudaStream s) {
+  if (n_vec < 0 || dim <= 0 || n_vec > 0x7FFFFFFF || x == nullptr || h == nullptr) {
+    return bad_arg("cuda::rmsnorm_add_norm: bad shape or null x/h");
+  }
+  if (n_vec == 0) return Status::ok();
+  // One launch where rmsnorm_add keeps a thread's elements in registers (dim <= 3072); the
+  // separate ops otherwise. Both run the trees of rmsnorm for this dim.
+  if (dim <= 512) {
+    launch(rmsnorm_add_norm_kernel<64, 8>, unsigned(n_vec), 64, s, x, g, h, h_scale, g_next, out, dim, eps);
+  } else if (dim <= 256 * 12) {
+    launch(rmsnorm_add_norm_kernel<256, 12>, unsigned(n_vec), 256, s, x, g, h, h_scale, g_next, out, dim, eps);
+  } else {
+    GEIST_RETURN_IF_ERROR(rmsnorm_add(x, g, x, h, n_vec, dim, eps, s));
+    if (h_scale != 1.0f) GEIST_RETURN_IF_ERROR(scale_inplace(h, h_scale, n_vec * dim, s));
+    if (out != nullptr) GEIST_RETURN_IF_ERROR(rmsnorm(h, g_next, out, n_vec, dim, eps, s));
+    return Status::ok();
+  }
+  return launch_status("cuda::rmsnorm_add_norm");
+}
+
+Status head_norm_rope(const HeadNormSet &t, int n_rows, int head_dim, float eps, const float *cs, CudaStream s) {
+  if (t.n < 1 || t.n > 3 || n_rows < 0 || head_dim <= 0 || head_dim % 2 != 0) {
+    return bad_arg("cuda::head_norm_rope: 1 to 3 tensors, even head_dim");
+  }
+  int64_t blocks = 0;
+  bool any_rope = false;
+  for (int i = 0; i < t.n; ++i) {
+    if (t.x[i] == nullptr || t.n_heads[i] <= 0) return bad_arg("cuda::head_norm_rope: null tensor or no heads");
+    blocks += int64_t(n_rows) * t.n_heads[i];
+    any_rope = any_rope || t.rope[i];
+  }
+  if (any_rope && cs == nullptr) return bad_arg("cuda::head_norm_rope: RoPE without rows");
+  if (blocks == 0) return Status::ok();
+  if (head_dim > 512 || blocks > 0x7FFFFFFF) {  // rmsnorm's wider tree: the separate ops
+    for (int i = 0; i < t.n; ++i) {
+      const int64_t nv = int64_t(n_rows) * t.n_heads[i];
+      GEIST_RETURN_IF_ERROR(rmsnorm(t.x[i], t.g[i], t.x[i], nv, head_dim, eps, s));
+      if (t.rope[i]) GEIST_RETURN_IF_ERROR(rope_neox(t.x[i], n_rows, t.n_heads[i], head_dim, head_dim, cs, s));
+    }
+    return Status::ok();
+  }
+  launch(head_norm_rope_kernel, unsigned(blocks), 64, s, t, n_rows, head_dim, head_dim, eps, cs);
+  return launch_status("cuda::head_norm_rope");
 }
 
 Status rope_neox(float *x, int n_rows, int n_heads, int head_dim, int rot_dim, const float *cs, CudaStream s) {

@@ -150,6 +150,27 @@ Status rmsnorm(const float *x, const float *g, float *out, int64_t n_vec, int64_
 Status rmsnorm_add(const float *x, const float *g, float *out, float *h, int64_t n_vec, int64_t dim, float eps,
                    CudaStream s);
 
+// The end of a block and the input norm of the next, in one launch (dim <= 3072; the
+// separate ops beyond): x = rmsnorm(x) g in place; h += x; h *= h_scale unless it is 1;
+// then, when out is not null, out = rmsnorm(h) g_next (g, g_next may be null). The same
+// bits as rmsnorm_add, scale_inplace and rmsnorm in turn. x, h, out: [n_vec][dim], distinct.
+Status rmsnorm_add_norm(float *x, const float *g, float *h, float h_scale, const float *g_next, float *out,
+                        int64_t n_vec, int64_t dim, float eps, CudaStream s);
+
+// Per-head RMSNorm, then NEOX RoPE over the whole head, in place, for up to three tensors
+// of one step in one launch (Gemma's q, k and v norms): tensor i is x[i] [n_rows][n_heads[i]]
+// [head_dim], normalized with g[i] (null: no weight) and rotated with the rows cs when
+// rope[i]. The same bits as rmsnorm (dim = head_dim) then rope_neox (rot_dim = head_dim) on
+// each; head dims above 512 run those ops.
+struct HeadNormSet {
+  int n = 0;
+  float *x[3] = {};
+  const float *g[3] = {};
+  int n_heads[3] = {};
+  bool rope[3] = {};
+};
+Status head_norm_rope(const HeadNormSet &t, int n_rows, int head_dim, float eps, const float *cs, CudaStream s);
+
 // Rotary embedding, half-split (NEOX) layout, in place: x [n_rows][n_heads][head_dim];
 // cs: [n_rows][rot_dim/2][2] (cos, sin), as cpu::RopeTable::fill makes it. Dims >= rot_dim
 // pass through. Bits: cpu::rope_neox's.
