@@ -152,6 +152,13 @@ class Exec {
   virtual void scale(Act x, float s, int64_t n) = 0;
   virtual void add_scale(Act x, Act y, float s, int64_t n) = 0;
   virtual void softcap(Act x, float cap, int64_t n) = 0;
+  // gate[r][i] = gelu_tanh(gate[r][i]) * src[r][col0 + i] for i < gate.width (Gemma 4's
+  // per-layer gate times its slice of z): copy_cols into tmp (n_rows x gate.width of scratch)
+  // then gelu_mul, as one op where a backend fuses them.
+  virtual void gelu_mul_cols(Act gate, Act src, int64_t col0, Act tmp, int n_rows) {
+    copy_cols(src, col0, Act{tmp.p, gate.width}, n_rows);
+    gelu_mul(gate, Act{tmp.p, gate.width}, gate, int64_t(n_rows) * gate.width);
+  }
   // dst[r][0, dst.width) = src[r][col0, col0 + dst.width) for n_rows rows.
   virtual void copy_cols(Act src, int64_t col0, Act dst, int n_rows) = 0;
 };

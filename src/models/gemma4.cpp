@@ -395,11 +395,10 @@ void Gemma4::ple_block(int il, Act h, int n, Exec &ex) const {
   const Layer &L = layers_[size_t(il)];
   const Act z = ex.buffer(kPle, int64_t(layers_.size()) * d_ple_);
   const Act g = ex.buffer(kPleG, d_ple_);
-  const Act zl = ex.buffer(kPleTmp, d_ple_);  // z[:, l] made contiguous
+  const Act zl = ex.buffer(kPleTmp, d_ple_);  // scratch for z[:, l] where the op is not fused
   const Act o = ex.buffer(kO, n_embd_);
   ex.matmul(L.inp_gate, h, g, n);
-  ex.copy_cols(z, int64_t(il) * d_ple_, zl, n);
-  ex.gelu_mul(g, zl, g, int64_t(n) * d_ple_);
+  ex.gelu_mul_cols(g, z, int64_t(il) * d_ple_, zl, n);
   ex.matmul(L.proj, g, o, n);
   end_layer(il, o, L.post_norm, h, n, ex);
 }

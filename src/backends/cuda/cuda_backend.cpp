@@ -405,6 +405,7 @@ class CudaExec final : public Exec {
   }
   void rmsnorm_add_norm(Act x, const WeightView *g, Act h, float h_scale, const WeightView *g_next, Act out,
                         int64_t n_vec, int64_t dim, float eps) override {
+    if (!fuse()) return Exec::rmsnorm_add_norm(x, g, h, h_scale, g_next, out, n_vec, dim, eps);
     const float *gp = g ? reinterpret_cast<const float *>(g->device) : nullptr;
     const float *np = g_next ? reinterpret_cast<const float *>(g_next->device) : nullptr;
     record("rmsnorm_add_norm", key(14, x.p, gp, h.p, h_scale, np, out.p, n_vec, dim, eps), [=, s = stream_] {
@@ -412,6 +413,7 @@ class CudaExec final : public Exec {
     });
   }
   void head_norm_rope(const HeadNorm *t, int n_t, int n_rows, int head_dim, float eps, Act cs) override {
+    if (!fuse()) return Exec::head_norm_rope(t, n_t, n_rows, head_dim, eps, cs);
     if (n_t < 1 || n_t > 3) return fail(Status(GEIST_E_INVALID_ARGUMENT, "head_norm_rope: 1 to 3 tensors"));
     cuda::HeadNormSet set;
     set.n = n_t;
@@ -503,6 +505,12 @@ class CudaExec final : public Exec {
     record("gelu_mul", key(7, gate.p, up.p, out.p, n),
            [=, s = stream_] { return cuda::gelu_mul(gate.p, up.p, out.p, n, s); });
   }
+  void gelu_mul_cols(Act gate, Act src, int64_t col0, Act tmp, int n_rows) override {
+    if (!fuse()) return Exec::gelu_mul_cols(gate, src, col0, tmp, n_rows);
+    record("gelu_mul_cols", key(16, gate.p, gate.width, src.p, src.width, col0, n_rows), [=, s = stream_] {
+      return cuda::gelu_mul_cols(gate.p, gate.width, src.p, src.width, col0, n_rows, s);
+    });
+  }
   void add(Act x, Act y, int64_t n) override {
     record("add", key(8, x.p, y.p, n), [=, s = stream_] { return cuda::add_inplace(x.p, y.p, n, s); });
   }
@@ -523,6 +531,15 @@ class CudaExec final : public Exec {
 
  private:
   static constexpr int kOutputSlot = 1000;  // past every model's own slots
+  // GEIST_CUDA_FUSE=0: the fused ops (rmsnorm_add_norm, head_norm_rope, gelu_mul_cols) run
+  // as the separate ops they stand for, to measure what the fusion gives; the same bits.
+  static bool fuse() {
+    static const bool v = [] {
+      const char *e = std::getenv("GEIST_CUDA_FUSE");
+      return e == nullptr || std::strcmp(e, "0") != 0;
+    }();
+    return v;
+  }
   struct Buf {
     float *p = nullptr;
     size_t n = 0;  // floats

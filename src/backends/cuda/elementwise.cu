@@ -234,16 +234,30 @@ __global__ void rope_neox_kernel(float *x, int n_rows, int n_heads, int head_dim
 // tanh in double, rounded once: within an ulp of the true value (libm's tanhf is too).
 __device__ __forceinline__ float tanh_f(float u) { return float(tanh(double(u))); }
 
+// gelu_tanh(g) * u in the CPU generic's order: k * (g + ((0.044715 * g) * g) * g);
+// 0.5 * g * (1 + t) * u.
+__device__ __forceinline__ float gelu_times(float g, float u) {
+  const float k = 0.7978845608028654f;
+  const float cube = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g);
+  const float t = tanh_f(__fmul_rn(k, __fadd_rn(g, cube)));
+  return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, t)), u);
+}
+
 __global__ void gelu_mul_kernel(const float *__restrict__ gate, const float *__restrict__ up, float *out, int64_t n) {
   dev::pdl_start();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float k = 0.7978845608028654f;
-  const float g = gate[i];
-  // The CPU generic's order: k * (g + ((0.044715 * g) * g) * g); 0.5 * g * (1 + t) * up.
-  const float cube = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g);
-  const float t = tanh_f(__fmul_rn(k, __fadd_rn(g, cube)));
-  out[i] = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, t)), up[i]);
+  out[i] = gelu_times(gate[i], up[i]);
+}
+
+// Row blockIdx.y: gate[i] = gelu_times(gate[i], src[col0 + i]).
+__global__ void gelu_mul_cols_kernel(float *gate, const float *__restrict__ src, int64_t src_stride, int64_t col0,
+                                     int64_t width) {
+  dev::pdl_start();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= width) return;
+  float *gr = gate + size_t(blockIdx.y) * width;
+  gr[i] = gelu_times(gr[i], src[size_t(blockIdx.y) * src_stride + col0 + i]);
 }
 
 __global__ void add_kernel(float *x, const float *y, int64_t n) {
@@ -358,6 +372,17 @@ Status gelu_mul(const float *gate, const float *up, float *out, int64_t n, CudaS
   if (n <= 0) return n == 0 ? Status::ok() : bad_arg("cuda::gelu_mul: n < 0");
   launch(gelu_mul_kernel, blocks_for(n, 256), 256, s, gate, up, out, n);
   return launch_status("cuda::gelu_mul");
+}
+
+Status gelu_mul_cols(float *gate, int64_t width, const float *src, int64_t src_stride, int64_t col0, int n_rows,
+                     CudaStream s) {
+  if (n_rows < 0 || width < 0 || col0 < 0 || col0 + width > src_stride || n_rows > 65535) {
+    return bad_arg("cuda::gelu_mul_cols: bad shape");
+  }
+  if (n_rows == 0 || width == 0) return Status::ok();
+  launch(gelu_mul_cols_kernel, dim3(blocks_for(width, 256), unsigned(n_rows)), 256, s, gate, src, src_stride, col0,
+         width);
+  return launch_status("cuda::gelu_mul_cols");
 }
 
 Status add_inplace(float *x, const float *y, int64_t n, CudaStream s) {

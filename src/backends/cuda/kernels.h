@@ -179,6 +179,11 @@ Status rope_neox(float *x, int n_rows, int n_heads, int head_dim, int rot_dim, c
 // out[i] = gelu_tanh(gate[i]) * up[i] with the CPU generic's formula; tanh is evaluated in
 // double and rounded once, so it can differ from libm's tanhf by 1 ulp (then out by a few ulp).
 Status gelu_mul(const float *gate, const float *up, float *out, int64_t n, CudaStream s);
+// gate[r][i] = gelu_tanh(gate[r][i]) * src[r][col0 + i] for i < width, r < n_rows (gate:
+// [n_rows][width], src: [n_rows][src_stride]): copy_cols then gelu_mul, in one launch, with
+// gelu_mul's bits.
+Status gelu_mul_cols(float *gate, int64_t width, const float *src, int64_t src_stride, int64_t col0, int n_rows,
+                     CudaStream s);
 // x[i] += y[i] (bit-exact)
 Status add_inplace(float *x, const float *y, int64_t n, CudaStream s);
 // x[i] *= scale (bit-exact)
