@@ -211,6 +211,55 @@ INSTANTIATE_TEST_SUITE_P(Tiers, CpuKernels,
                                   case_name(std::get<1>(info.param));
                          });
 
+// The AMX tile kernels of the avx512 tier (Q8_0, Q4_0, Q5_0; 16-row tiles, the rest of the
+// rows on VNNI) give the VNNI kernels' bits and the generic path's: block counts odd and even,
+// a ragged last group, rows with and without a tail, 1 and 2 threads.
+TEST(CpuKernelsAmx, TilesEqualVnniAndGeneric) {
+  if (!isa_supported(Isa::Avx512) || !amx_usable()) {
+    GEIST_SKIP("this CPU (or OS) has no AMX-INT8 for the avx512 tier");
+  }
+  std::mt19937 rng(91);
+  ThreadPool pool1(1), pool2(2);
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0}) {
+    for (int64_t K : {32, 64, 96, 640}) {
+      const int64_t N = 40;
+      const size_t rb = quant::row_bytes(t, K);
+      std::vector<uint8_t> data(rb * N);
+      for (int64_t n = 0; n < N; ++n) {
+        std::vector<uint8_t> row = test::random_row(t, K, rng);
+        if (n % 3 == 0) extreme_scales(t, row.data(), K, rng);
+        std::memcpy(data.data() + n * rb, row.data(), rb);
+      }
+      std::vector<uint8_t> packed;
+      const WeightView w = view_and_pack(t, K, N, data, false, nullptr);
+      const WeightView wp = view_and_pack(t, K, N, data, true, &packed);
+      for (int rows : {16, 17, 31, 32, 33, 64, 65, 100, 130}) {
+        SCOPED_TRACE(std::string(quant::traits(t).name) + " K " + std::to_string(K) + " rows " + std::to_string(rows));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<float> x(size_t(rows) * K);
+        for (float &v : x) v = nd(rng);
+        x[3] = -60.0f;
+        std::fill(x.begin() + K, x.begin() + 2 * K, 0.0f);
+        std::vector<float> ref(size_t(rows) * N), vnni(ref.size()), amx(ref.size() + 1);
+        matmul_generic(w, x.data(), ref.data(), rows, pool1);
+        set_amx_enabled(false);
+        ASSERT_TRUE(matmul_on_tier(Isa::Avx512, wp, x.data(), vnni.data(), rows, pool1));
+        set_amx_enabled(true);
+        for (ThreadPool *pool : {&pool1, &pool2}) {
+          std::fill(amx.begin(), amx.end(), -7.0f);
+          const uint64_t before = amx_calls();
+          ASSERT_TRUE(matmul_on_tier(Isa::Avx512, wp, x.data(), amx.data(), rows, *pool));
+          EXPECT_GT(amx_calls(), before) << "the AMX kernel did not run";
+          ASSERT_EQ(0, std::memcmp(vnni.data(), amx.data(), sizeof(float) * ref.size())) << "vs VNNI";
+          ASSERT_EQ(0, std::memcmp(ref.data(), amx.data(), sizeof(float) * ref.size())) << "vs generic";
+          EXPECT_EQ(amx[ref.size()], -7.0f) << "wrote past the output";
+        }
+      }
+    }
+  }
+  set_amx_enabled(true);
+}
+
 // The tier the machine supports is the one in use (unless GEIST_ISA lowered it), and a
 // matmul on a packed weight really runs that tier's kernel.
 TEST(CpuIsa, ActiveTierRuns) {

@@ -1,5 +1,6 @@
 #include "backends/cpu/isa.h"
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -7,6 +8,10 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#endif
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace geist::cpu {
@@ -41,12 +46,17 @@ CpuFeatures detect() {
     f.avx512bw = (b >> 30) & 1;
     f.avx512vl = (b >> 31) & 1;
     f.avx512vnni = (c >> 11) & 1;
+    // AMX-TILE (EDX bit 24) and AMX-INT8 (bit 25), with XTILECFG and XTILEDATA (XCR0 bits
+    // 17 and 18) enabled by the OS.
+    f.amx_int8 = ((d >> 24) & 1) && ((d >> 25) & 1) && osxsave && ((xgetbv0() >> 17) & 3) == 3;
     __cpuid_count(7, 1, a, b, c, d);
     f.avxvnni = (a >> 4) & 1;
     f.avx512bf16 = (a >> 5) & 1;
   }
   if (!f.os_avx) f.avx2 = f.fma = f.f16c = f.avxvnni = false;
-  if (!f.os_avx512) f.avx512f = f.avx512bw = f.avx512dq = f.avx512vl = f.avx512vnni = f.avx512bf16 = false;
+  if (!f.os_avx512) {
+    f.avx512f = f.avx512bw = f.avx512dq = f.avx512vl = f.avx512vnni = f.avx512bf16 = f.amx_int8 = false;
+  }
 #endif
   return f;
 }
@@ -115,6 +125,36 @@ Isa active_isa() {
   return isa;
 }
 
+bool amx_usable() {
+  static const bool ok = [] {
+#if defined(__linux__) && defined(__x86_64__) && !defined(GEIST_GENERIC_ONLY)
+    if (!cpu_features().amx_int8) return false;
+    // Linux hands a process the 8 KiB tile state only after it asks (ARCH_REQ_XCOMP_PERM
+    // for XTILEDATA, feature 18); a tile instruction before that faults.
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+#else
+    return false;
+#endif
+  }();
+  return ok;
+}
+
+namespace {
+std::atomic<int> g_amx_override{-1};  // -1: GEIST_AMX decides; 0 / 1: set_amx_enabled
+}  // namespace
+
+bool amx_enabled() {
+  static const bool env_on = [] {
+    const char *e = std::getenv("GEIST_AMX");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  const int o = g_amx_override.load(std::memory_order_relaxed);
+  return (o < 0 ? env_on : o == 1) && amx_usable();
+}
+
+void set_amx_enabled(bool on) { g_amx_override.store(on ? 1 : 0, std::memory_order_relaxed); }
+
 const char *isa_name(Isa isa) {
   switch (isa) {
     case Isa::Avx512: return "avx512";
@@ -138,7 +178,9 @@ std::string isa_description() {
   const Isa isa = active_isa();
   const CpuFeatures &f = cpu_features();
   std::string s = isa_name(isa);
-  if (isa == Isa::Avx512) s += std::string(" (F BW DQ VL VNNI") + (f.avx512bf16 ? " BF16" : "") + ")";
+  if (isa == Isa::Avx512) {
+    s += std::string(" (F BW DQ VL VNNI") + (f.avx512bf16 ? " BF16" : "") + (amx_enabled() ? " AMX" : "") + ")";
+  }
   if (isa == Isa::Avx2) s += " (AVX2 FMA F16C)";
   if (isa == Isa::Avx2Vnni) s += " (AVX2 FMA F16C AVX-VNNI)";
   if (isa != best_isa()) s += std::string(", lowered by GEIST_ISA from ") + isa_name(best_isa());

@@ -23,6 +23,7 @@ struct CpuFeatures {
   bool avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
   bool avx512vnni = false, avx512bf16 = false, avxvnni = false;
+  bool amx_int8 = false;  // AMX-TILE + AMX-INT8, and the OS enables the tile state (XCR0)
   bool os_avx = false, os_avx512 = false;  // XGETBV: YMM / ZMM state enabled by the OS
 };
 
@@ -38,6 +39,16 @@ Isa active_isa();
 const char *isa_name(Isa isa);
 // Parses "generic" / "avx2" / "avx2vnni" / "avx512"; false if unknown.
 bool parse_isa(const std::string &s, Isa *out);
+// Whether the avx512 tier's quantized matmuls run their full 16-row tiles on AMX-INT8 tiles
+// (amx_impl.h; the same bits as its VNNI kernels): the CPU has AMX-INT8, Linux granted the
+// process the tile state (arch_prctl, asked once), and neither GEIST_AMX=0 nor
+// set_amx_enabled(false) turned it off.
+bool amx_enabled();
+// Tests: turn the AMX kernels off or back on (on only takes effect where amx_usable()).
+void set_amx_enabled(bool on);
+// The CPU and the OS allow AMX-INT8 in this process (the arch_prctl request succeeded).
+bool amx_usable();
+
 // "avx512 (F BW DQ VL VNNI BF16)" and the like: the tier in use and the extensions it uses.
 std::string isa_description();
 

@@ -5,6 +5,7 @@
 namespace geist::cpu {
 namespace {
 std::atomic<uint64_t> g_calls[4];  // by Isa
+std::atomic<uint64_t> g_amx_calls;
 }
 
 GemmFn TierKernels::for_type(quant::GgmlType t) const {
@@ -43,6 +44,8 @@ const TierKernels *tier_kernels(Isa isa) {
 }
 
 uint64_t tier_calls(Isa isa) { return g_calls[static_cast<int>(isa)].load(std::memory_order_relaxed); }
+uint64_t amx_calls() { return g_amx_calls.load(std::memory_order_relaxed); }
+void count_amx_call() { g_amx_calls.fetch_add(1, std::memory_order_relaxed); }
 void count_tier_call(Isa isa) { g_calls[static_cast<int>(isa)].fetch_add(1, std::memory_order_relaxed); }
 
 }  // namespace geist::cpu

@@ -80,6 +80,9 @@ const TierKernels *tier_kernels(Isa isa);
 // Kernel calls made on each tier since start (for tests that check a tier really ran).
 uint64_t tier_calls(Isa isa);
 void count_tier_call(Isa isa);
+// Kernel calls that ran on AMX tiles (amx_impl.h) since start.
+uint64_t amx_calls();
+void count_amx_call();
 
 // Defined in the tier translation units.
 const TierKernels *tier_kernels_avx2();

@@ -127,7 +127,29 @@ struct Avx512 {
 #include "backends/cpu/qgemm_impl.h"
 #include "backends/cpu/tier_table_impl.h"
 
-constexpr TierKernels kTable = TierTable<Avx512, Isa::Avx512>::table();
+#include "backends/cpu/amx_impl.h"
+
+// Q8_0 / Q4_0 / Q5_0 with at least one full 16-row tile: on AMX where amx_enabled().
+template <quant::GgmlType T>
+void run_q32(const GemmArgs &a, int64_t g0, int64_t g1) {
+  count_tier_call(Isa::Avx512);
+  if (a.n_rows >= AmxQ32<Avx512>::kRows && amx_enabled()) {
+    count_amx_call();
+    AmxQ32<Avx512>::gemm<T>(a, g0, g1);
+  } else {
+    Kernels<Avx512>::gemm<T>(a, g0, g1);
+  }
+}
+
+constexpr TierKernels table() {
+  TierKernels t = TierTable<Avx512, Isa::Avx512>::table();
+  t.q8_0 = run_q32<quant::GgmlType::Q8_0>;
+  t.q4_0 = run_q32<quant::GgmlType::Q4_0>;
+  t.q5_0 = run_q32<quant::GgmlType::Q5_0>;
+  return t;
+}
+
+constexpr TierKernels kTable = table();
 
 }  // namespace
 
