@@ -211,17 +211,19 @@ INSTANTIATE_TEST_SUITE_P(Tiers, CpuKernels,
                                   case_name(std::get<1>(info.param));
                          });
 
-// The AMX tile kernels of the avx512 tier (Q8_0, Q4_0, Q5_0; 16-row tiles, the rest of the
-// rows on VNNI) give the VNNI kernels' bits and the generic path's: block counts odd and even,
-// a ragged last group, rows with and without a tail, 1 and 2 threads.
+// The AMX tile kernels of the avx512 tier (Q8_0, Q4_0, Q5_0, Q4_K, Q5_K; 16-row tiles, the
+// rest of the rows on VNNI) give the VNNI kernels' bits and the generic path's: block counts
+// odd and even, extreme scales, a ragged last group, rows with and without a tail, 1 and 2
+// threads.
 TEST(CpuKernelsAmx, TilesEqualVnniAndGeneric) {
   if (!isa_supported(Isa::Avx512) || !amx_usable()) {
     GEIST_SKIP("this CPU (or OS) has no AMX-INT8 for the avx512 tier");
   }
   std::mt19937 rng(91);
   ThreadPool pool1(1), pool2(2);
-  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0}) {
-    for (int64_t K : {32, 64, 96, 640}) {
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q5_K}) {
+    const bool k_quant = quant::traits(t).block_size == 256;
+    for (int64_t K : k_quant ? std::vector<int64_t>{256, 512, 2048} : std::vector<int64_t>{32, 64, 96, 640}) {
       const int64_t N = 40;
       const size_t rb = quant::row_bytes(t, K);
       std::vector<uint8_t> data(rb * N);
@@ -233,7 +235,7 @@ TEST(CpuKernelsAmx, TilesEqualVnniAndGeneric) {
       std::vector<uint8_t> packed;
       const WeightView w = view_and_pack(t, K, N, data, false, nullptr);
       const WeightView wp = view_and_pack(t, K, N, data, true, &packed);
-      for (int rows : {16, 17, 31, 32, 33, 64, 65, 100, 130}) {
+      for (int rows : {16, 17, 31, 32, 33, 64, 65, 100, 130, 300}) {
         SCOPED_TRACE(std::string(quant::traits(t).name) + " K " + std::to_string(K) + " rows " + std::to_string(rows));
         std::normal_distribution<float> nd(0.0f, 1.0f);
         std::vector<float> x(size_t(rows) * K);

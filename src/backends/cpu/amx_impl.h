@@ -39,6 +39,9 @@ template <class S>
 struct AmxQ32 {
   using K8 = Kernels<S>;
   static constexpr int kRows = 16;  // activation rows per tile
+  // Rows per row block: the expanded weights of a group serve this many rows' tiles (the
+  // VNNI kernel's 64 left the expansion a large share at 512 rows).
+  static constexpr int kRowBlock = 256;
 
   __attribute__((target("amx-tile,amx-int8"))) static void configure() {
     AmxTileConfig cfg;
@@ -129,8 +132,7 @@ struct AmxQ32 {
   }
 
   // qgemm.h's GemmFn contract for groups [g0, g1): the rows' full 16-row tiles on AMX, in
-  // row blocks of K8::kRowBlock as the VNNI kernel walks them, the remaining rows (fewer
-  // than 16) by the VNNI kernel.
+  // row blocks of kRowBlock, the remaining rows (fewer than 16) by the VNNI kernel.
   template <quant::GgmlType T>
   static void gemm(const GemmArgs &a, int64_t g0, int64_t g1) {
     const int full = a.n_rows / kRows * kRows;
@@ -139,8 +141,8 @@ struct AmxQ32 {
       thread_local std::vector<uint8_t> buf;
       if (buf.size() < size_t(512 * nb)) buf.resize(size_t(512 * nb));
       configure();
-      for (int rb = 0; rb < full; rb += K8::kRowBlock) {
-        const int re = std::min(full, rb + K8::kRowBlock);
+      for (int rb = 0; rb < full; rb += AmxQ32<S>::kRowBlock) {
+        const int re = std::min(full, rb + AmxQ32<S>::kRowBlock);
         for (int64_t g = g0; g < g1; ++g) {
           expand<T>(a.w + g * a.group_bytes, nb, buf.data());
           __asm__ volatile("" : : : "memory");  // the tile loads read buf
@@ -153,6 +155,159 @@ struct AmxQ32 {
       GemmArgs t = a;
       t.xq += int64_t(full) * a.K;
       t.xd += int64_t(full) * (a.K / 32);
+      t.xs32 += int64_t(full) * (a.K / 32);
+      t.xs16 += int64_t(full) * (a.K / 16);
+      t.y += int64_t(full) * a.ldy;
+      t.n_rows = a.n_rows - full;
+      K8::template gemm<T>(t, g0, g1);
+    }
+  }
+};
+
+// Q4_K and Q5_K on AMX tiles. A super-block's integer step is isum = sum_t sc_t p_t over its
+// 8 sub-blocks (p_t the exact sum of q x over sub-block t, sc_t its 6-bit scale for that
+// output row). The scale differs per output row and sub-block, so it goes into the B tiles:
+// sc = 8 a + b with a, b <= 7 keeps a q and b q within a byte (q <= 31: <= 217 needs u8, so
+// TDPBSUD, signed activations times unsigned weights), and two accumulators over the
+// super-block's four K = 64 chunks give C_a = sum_t a_t p_t and C_b = sum_t b_t p_t, so
+// isum = 8 C_a + C_b exactly (int32, |isum| < 2^26). The f32 step is the VNNI kernel's
+// block_step_mins for 8 rows at a time, mins and all: the same bits.
+//
+// Per group and row block the B tiles of all its super-blocks are built once into a
+// per-thread buffer (2 x 4 KiB per super-block: tile (s, c, v) at 1024 ((4 s + c) 2 + v),
+// row 8 u + j = k-group j of sub-block 2 c + u): q times a_t (v = 0) or b_t (v = 1) by bit
+// masks of the scale (a q = (q & -a0) + (2q & -a1) + (4q & -a2), as masked adds).
+//
+// Tiles: 0 (C_a) and 1 (C_b) 16 x 16 int32; 2 the activations (16 rows x 64 bytes, stride K);
+// 3 and 4 the B tiles (16 x 64 bytes).
+template <class S>
+struct AmxK45 {
+  using K8 = Kernels<S>;
+  using I = typename S::I;
+  using F = typename S::F;
+  static constexpr int kRows = 16;
+
+  __attribute__((target("amx-tile,amx-int8"))) static void configure() {
+    AmxTileConfig cfg;
+    for (int t = 0; t < 5; ++t) {
+      cfg.rows[t] = 16;
+      cfg.colsb[t] = 64;
+    }
+    __asm__ volatile("" : : "r"(&cfg) : "memory");  // see AmxQ32::configure
+    _tile_loadconfig(&cfg);
+  }
+
+  template <quant::GgmlType T>
+  static void expand(const uint8_t *grp, int64_t nsb, uint8_t *out) {
+    constexpr bool q5 = T == quant::GgmlType::Q5_K;
+    constexpr size_t sb_bytes = q5 ? 3008 : 2496;
+    constexpr size_t off = q5 ? 2560 : 2048;
+    for (int64_t s = 0; s < nsb; ++s) {
+      const uint8_t *o = grp + s * sb_bytes;
+      for (int t = 0; t < 8; ++t) {
+        // The scale of row i in the 4 bytes of lane i, and its six bits as byte masks.
+        const I sc = _mm512_mullo_epi32(S::load_u8_i32(o + off + 16 * t), _mm512_set1_epi32(0x01010101));
+        const __mmask64 m0 = _mm512_test_epi8_mask(sc, _mm512_set1_epi8(1));
+        const __mmask64 m1 = _mm512_test_epi8_mask(sc, _mm512_set1_epi8(2));
+        const __mmask64 m2 = _mm512_test_epi8_mask(sc, _mm512_set1_epi8(4));
+        const __mmask64 m3 = _mm512_test_epi8_mask(sc, _mm512_set1_epi8(8));
+        const __mmask64 m4 = _mm512_test_epi8_mask(sc, _mm512_set1_epi8(16));
+        const __mmask64 m5 = _mm512_test_epi8_mask(sc, _mm512_set1_epi8(32));
+        uint8_t *ta = out + 1024 * ((4 * s + t / 2) * 2) + 512 * (t % 2);
+        uint8_t *tb = ta + 1024;
+        #pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+          const I q = K8::nibbles(o + 256 * t, q5 ? o + 2048 + 64 * t : nullptr, j, 0);
+          const I q2 = _mm512_add_epi8(q, q), q4 = _mm512_add_epi8(q2, q2);
+          I b = _mm512_maskz_mov_epi8(m0, q);
+          b = _mm512_mask_add_epi8(b, m1, b, q2);
+          b = _mm512_mask_add_epi8(b, m2, b, q4);
+          I a = _mm512_maskz_mov_epi8(m3, q);
+          a = _mm512_mask_add_epi8(a, m4, a, q2);
+          a = _mm512_mask_add_epi8(a, m5, a, q4);
+          _mm512_storeu_si512(ta + 64 * j, a);
+          _mm512_storeu_si512(tb + 64 * j, b);
+        }
+      }
+    }
+  }
+
+  template <quant::GgmlType T>
+  __attribute__((target("amx-tile,amx-int8"))) static void tile(const GemmArgs &a, int64_t g, int r0,
+                                                                const uint8_t *bt) {
+    constexpr bool q5 = T == quant::GgmlType::Q5_K;
+    constexpr size_t sb_bytes = q5 ? 3008 : 2496;
+    constexpr size_t off = q5 ? 2560 : 2048;
+    const int64_t K = a.K, nsb = K / 256;
+    const uint8_t *grp = a.w + g * a.group_bytes;
+    const int64_t n0 = g * 16;
+    const int n_valid = int(std::min<int64_t>(16, a.n_out - n0));
+    if (n_valid <= 0) return;
+    const int8_t *xq = a.xq + int64_t(r0) * K;
+    alignas(64) int32_t c[2][16 * 16];
+    F acc0[8], acc1[8];  // rows 0-7 and 8-15
+    #pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) acc0[r] = acc1[r] = S::fzero();
+    for (int64_t s = 0; s < nsb; ++s) {
+      _tile_zero(0);
+      _tile_zero(1);
+      #pragma GCC unroll 4
+      for (int ch = 0; ch < 4; ++ch) {
+        const uint8_t *b = bt + 1024 * ((4 * s + ch) * 2);
+        _tile_loadd(2, xq + 256 * s + 64 * ch, K);
+        _tile_loadd(3, b, 64);
+        _tile_loadd(4, b + 1024, 64);
+        _tile_dpbsud(0, 2, 3);
+        _tile_dpbsud(1, 2, 4);
+      }
+      GEIST_TILE_STORE_C(0, c[0]);
+      GEIST_TILE_STORE_C(1, c[1]);
+      const uint8_t *o = grp + s * sb_bytes;
+      const F d = S::cvtph(o + off + 384), dmin = S::cvtph(o + off + 416);
+      I isum[8];
+      #pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) {
+        isum[r] = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(c[0] + 16 * r), 3),
+                                   _mm512_load_si512(c[1] + 16 * r));
+      }
+      K8::template block_step_mins<4, 8>(acc0, isum, o + off + 128, 0, d, dmin, a.xs32, K / 32, a, r0, s);
+      #pragma GCC unroll 8
+      for (int r = 0; r < 8; ++r) {
+        isum[r] = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(c[0] + 16 * (r + 8)), 3),
+                                   _mm512_load_si512(c[1] + 16 * (r + 8)));
+      }
+      K8::template block_step_mins<4, 8>(acc1, isum, o + off + 128, 0, d, dmin, a.xs32, K / 32, a, r0 + 8, s);
+    }
+    float *y = a.y + int64_t(r0) * a.ldy + n0;
+    #pragma GCC unroll 8
+    for (int r = 0; r < 8; ++r) {
+      S::store(y + r * a.ldy, acc0[r], n_valid);
+      S::store(y + (r + 8) * a.ldy, acc1[r], n_valid);
+    }
+  }
+
+  template <quant::GgmlType T>
+  static void gemm(const GemmArgs &a, int64_t g0, int64_t g1) {
+    const int full = a.n_rows / kRows * kRows;
+    if (full > 0) {
+      const int64_t nsb = a.K / 256;
+      thread_local std::vector<uint8_t> buf;
+      if (buf.size() < size_t(8192 * nsb)) buf.resize(size_t(8192 * nsb));
+      configure();
+      for (int rb = 0; rb < full; rb += AmxQ32<S>::kRowBlock) {
+        const int re = std::min(full, rb + AmxQ32<S>::kRowBlock);
+        for (int64_t g = g0; g < g1; ++g) {
+          expand<T>(a.w + g * a.group_bytes, nsb, buf.data());
+          __asm__ volatile("" : : : "memory");  // the tile loads read buf
+          for (int r0 = rb; r0 < re; r0 += kRows) tile<T>(a, g, r0, buf.data());
+        }
+      }
+      AmxQ32<S>::release();
+    }
+    if (full < a.n_rows) {
+      GemmArgs t = a;
+      t.xq += int64_t(full) * a.K;
+      t.xd += int64_t(full) * (a.K / 256);
       t.xs32 += int64_t(full) * (a.K / 32);
       t.xs16 += int64_t(full) * (a.K / 16);
       t.y += int64_t(full) * a.ldy;

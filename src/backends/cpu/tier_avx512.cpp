@@ -141,11 +141,25 @@ void run_q32(const GemmArgs &a, int64_t g0, int64_t g1) {
   }
 }
 
+// Q4_K / Q5_K likewise (AmxK45).
+template <quant::GgmlType T>
+void run_k45(const GemmArgs &a, int64_t g0, int64_t g1) {
+  count_tier_call(Isa::Avx512);
+  if (a.n_rows >= AmxK45<Avx512>::kRows && amx_enabled()) {
+    count_amx_call();
+    AmxK45<Avx512>::gemm<T>(a, g0, g1);
+  } else {
+    Kernels<Avx512>::gemm<T>(a, g0, g1);
+  }
+}
+
 constexpr TierKernels table() {
   TierKernels t = TierTable<Avx512, Isa::Avx512>::table();
   t.q8_0 = run_q32<quant::GgmlType::Q8_0>;
   t.q4_0 = run_q32<quant::GgmlType::Q4_0>;
   t.q5_0 = run_q32<quant::GgmlType::Q5_0>;
+  t.q4_k = run_k45<quant::GgmlType::Q4_K>;
+  t.q5_k = run_k45<quant::GgmlType::Q5_K>;
   return t;
 }
 
