@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -260,6 +261,54 @@ TEST(CpuKernelsAmx, TilesEqualVnniAndGeneric) {
     }
   }
   set_amx_enabled(true);
+}
+
+// A tier's vectorized activation quantizer (TierKernels::quantize_row) gives quant's scalar
+// bits, scales and quants, for Q8_0 and Q8_K rows of normal values and of the edges: zero
+// blocks, NaNs (ignored by the scale), infinities, -0, subnormals, exact halves after
+// scaling, the largest magnitude twice with both signs.
+TEST(CpuQuantize, TierQuantizerEqualsScalar) {
+  int tested = 0;
+  for (Isa isa : {Isa::Avx2, Isa::Avx2Vnni, Isa::Avx512}) {
+    const TierKernels *tk = isa_supported(isa) ? tier_kernels(isa) : nullptr;
+    if (!tk || !tk->quantize_row) continue;
+    ++tested;
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.0f, 2.0f);
+    const int64_t k = 256 * 12;
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> x(k);
+      for (float &v : x) v = nd(rng);
+      if (trial % 4 == 1) {
+        std::fill(x.begin(), x.begin() + 256, 0.0f);  // a zero block
+        x[300] = std::nanf("");
+        x[301] = -0.0f;
+        x[700] = std::numeric_limits<float>::infinity();
+        x[1100] = -std::numeric_limits<float>::infinity();
+        x[1500] = 1e-40f;
+        std::fill(x.begin() + 1536, x.begin() + 1792, std::nanf(""));  // a NaN-only block
+      }
+      if (trial % 4 == 2) {  // ties: values that scale to n + 0.5
+        for (int64_t i = 0; i < k; ++i) x[i] = float(int(i % 255) - 127) * 0.5f;
+      }
+      if (trial % 4 == 3) {  // the largest magnitude twice, negative first
+        for (int64_t b = 0; b < k / 256; ++b) {
+          x[b * 256 + 10] = -9.0f;
+          x[b * 256 + 20] = 9.0f;
+        }
+      }
+      for (quant::ActFormat f : {quant::ActFormat::Q8_0, quant::ActFormat::Q8_K}) {
+        const int64_t nd_ = k / quant::act_block(f);
+        std::vector<float> d0(nd_), d1(nd_);
+        std::vector<int8_t> q0(k), q1(k);
+        quant::quantize_row_to(f, x.data(), k, d0.data(), q0.data());
+        tk->quantize_row(f, x.data(), k, d1.data(), q1.data());
+        ASSERT_EQ(0, std::memcmp(d0.data(), d1.data(), d0.size() * sizeof(float))) << isa_name(isa) << " trial " << trial;
+        ASSERT_EQ(0, std::memcmp(q0.data(), q1.data(), k)) << isa_name(isa) << " trial " << trial;
+      }
+    }
+  }
+  if (tested == 0) GEIST_SKIP("no tier with a vectorized quantizer on this CPU");
 }
 
 // The tier the machine supports is the one in use (unless GEIST_ISA lowered it), and a

@@ -78,6 +78,25 @@ struct AmxQ32 {
     }
   }
 
+  // Block b's tile product, into tiles (0, 2, 3) or (1, 4, 5) by parity, stored to c[b % 2].
+  // (A member function, not a lambda: clang does not give a lambda its function's target.)
+  __attribute__((target("amx-tile,amx-int8"))) static void product(const int8_t *xq, int64_t K, const uint8_t *bt,
+                                                                   int64_t b, int32_t (*c)[16 * 16]) {
+    if ((b & 1) == 0) {
+      _tile_zero(0);
+      _tile_loadd(2, xq + 32 * b, K);
+      _tile_loadd(3, bt + 512 * b, 64);
+      _tile_dpbssd(0, 2, 3);
+      GEIST_TILE_STORE_C(0, c[0]);
+    } else {
+      _tile_zero(1);
+      _tile_loadd(4, xq + 32 * b, K);
+      _tile_loadd(5, bt + 512 * b, 64);
+      _tile_dpbssd(1, 4, 5);
+      GEIST_TILE_STORE_C(1, c[1]);
+    }
+  }
+
   // One tile: activation rows [r0, r0 + 16) of group g; bt: the group's B tiles (nb x 512
   // bytes, 64-byte rows).
   template <quant::GgmlType T>
@@ -96,27 +115,11 @@ struct AmxQ32 {
     __m512 acc[kRows];  // in registers: every loop over them is unrolled
     #pragma GCC unroll 16
     for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
-    // Block b's tile product, into tiles (0, 2, 3) or (1, 4, 5) by parity, stored to c[b % 2].
-    auto product = [&](int64_t b) {
-      if ((b & 1) == 0) {
-        _tile_zero(0);
-        _tile_loadd(2, xq + 32 * b, K);
-        _tile_loadd(3, bt + 512 * b, 64);
-        _tile_dpbssd(0, 2, 3);
-        GEIST_TILE_STORE_C(0, c[0]);
-      } else {
-        _tile_zero(1);
-        _tile_loadd(4, xq + 32 * b, K);
-        _tile_loadd(5, bt + 512 * b, 64);
-        _tile_dpbssd(1, 4, 5);
-        GEIST_TILE_STORE_C(1, c[1]);
-      }
-    };
     // Software-pipelined: block b + 1's product runs on the tile unit while the vector units
     // take block b's f32 steps (each waits only for its own block's stored sums).
-    product(0);
+    product(xq, K, bt, 0, c);
     for (int64_t b = 0; b < nb; ++b) {
-      if (b + 1 < nb) product(b + 1);
+      if (b + 1 < nb) product(xq, K, bt, b + 1, c);
       // Block b's f32 steps from its integer sums (row r at cb + 16 r).
       const int32_t *cb = c[b & 1];
       const __m512 dw = S::cvtph(scales + 32 * b);

@@ -203,9 +203,12 @@ void matmul_packed(const GemmFn *fns, const WeightView *const *ws, int n_mat, co
   if (ab.d.size() < nr * nd) ab.d.resize(nr * nd);
   if (ab.s32.size() < nr * (K / 32)) ab.s32.resize(nr * (K / 32));
   if (ab.s16.size() < nr * (K / 16)) ab.s16.resize(nr * (K / 16));
+  // The tier's vectorized quantizer where it has one (the same bits as quant's).
+  const TierKernels *tk = tier_kernels(active_isa());
+  const auto quantize = tk && tk->quantize_row ? tk->quantize_row : quant::quantize_row_to;
   pool.run(n_rows, [&](int r, int) {
     int8_t *q = ab.q.data() + r * K;
-    quant::quantize_row_to(af, x + static_cast<size_t>(r) * K, K, ab.d.data() + r * nd, q);
+    quantize(af, x + static_cast<size_t>(r) * K, K, ab.d.data() + r * nd, q);
     int16_t *s16 = ab.s16.data() + r * (K / 16);
     int16_t *s32 = ab.s32.data() + r * (K / 32);
     for (int64_t b = 0; b < K / 16; ++b) {

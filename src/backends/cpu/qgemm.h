@@ -15,6 +15,7 @@
 
 #include "backends/cpu/isa.h"
 #include "backends/cpu/ops.h"
+#include "quant/dot.h"
 #include "quant/ggml_type.h"
 
 namespace geist::cpu {
@@ -70,6 +71,9 @@ struct TierKernels {
   void (*gelu_mul)(const float *gate, const float *up, float *out, int64_t n);
   int lanes;  // f32 lanes per vector
   FloatGemmFn f32, f16, bf16, q4_1, q5_1;  // q4_1, q5_1: f32 activations, as the generic path
+  // quant::quantize_row_to's bits for Q8_0 and Q8_K activation rows, vectorized; nullptr:
+  // the tier has none (the scalar one runs).
+  void (*quantize_row)(quant::ActFormat f, const float *x, int64_t k, float *d, int8_t *q) = nullptr;
   GemmFn for_type(quant::GgmlType t) const;
   FloatGemmFn float_for_type(quant::GgmlType t) const;
 };

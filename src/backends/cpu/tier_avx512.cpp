@@ -153,6 +153,66 @@ void run_k45(const GemmArgs &a, int64_t g0, int64_t g1) {
   }
 }
 
+// quant::quantize_q8_0 / quantize_q8_k (quant/dot.cpp) 16 lanes at a time, with their
+// operations: the block's largest magnitude by max (NaN ignored, as the scalar `ax > amax`
+// does: vmaxps returns its second operand when either is NaN), the scale in scalar code,
+// then round_even's steps (NaN to 0, clamp to [-128, 127], + 1.5 * 2^23 - 1.5 * 2^23) per
+// lane, and the int8 narrowing of values that are already integers in range.
+__m512 round_even16(__m512 v) {
+  v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);
+  v = _mm512_max_ps(v, _mm512_set1_ps(-128.0f));
+  v = _mm512_min_ps(v, _mm512_set1_ps(127.0f));
+  const __m512 magic = _mm512_set1_ps(12582912.0f);
+  return _mm512_sub_ps(_mm512_add_ps(v, magic), magic);
+}
+__m128i to_i8(__m512 v) { return _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)); }
+__m512 abs16(__m512 v) { return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7FFFFFFF))); }
+
+void quantize_row_avx512(quant::ActFormat f, const float *x, int64_t k, float *rd, int8_t *rq) {
+  if (f == quant::ActFormat::Q8_0) {
+    for (int64_t b = 0; b < k / 32; ++b) {
+      const float *xb = x + b * 32;
+      const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(abs16(x1), _mm512_max_ps(abs16(x0), _mm512_setzero_ps())));
+      const float d = amax / 127.0f;
+      const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+      rd[b] = quant::fp16_to_fp32(quant::fp32_to_fp16(d));
+      const __m512 vid = _mm512_set1_ps(id);
+      _mm_storeu_si128(reinterpret_cast<__m128i *>(rq + b * 32), to_i8(round_even16(_mm512_mul_ps(x0, vid))));
+      _mm_storeu_si128(reinterpret_cast<__m128i *>(rq + b * 32 + 16), to_i8(round_even16(_mm512_mul_ps(x1, vid))));
+    }
+    return;
+  }
+  if (f != quant::ActFormat::Q8_K) return;
+  for (int64_t b = 0; b < k / 256; ++b) {
+    const float *xb = x + b * 256;
+    __m512 m = _mm512_setzero_ps();
+    for (int c = 0; c < 16; ++c) m = _mm512_max_ps(abs16(_mm512_loadu_ps(xb + 16 * c)), m);
+    const float amax = _mm512_reduce_max_ps(m);
+    if (amax == 0.0f) {
+      rd[b] = 0.0f;
+      std::memset(&rq[b * 256], 0, 256);
+      continue;
+    }
+    float mx = 0.0f;  // the first element of largest magnitude
+    const __m512 va = _mm512_set1_ps(amax);
+    for (int c = 0; c < 16; ++c) {
+      const __mmask16 eq = _mm512_cmp_ps_mask(abs16(_mm512_loadu_ps(xb + 16 * c)), va, _CMP_EQ_OQ);
+      if (eq != 0) {
+        mx = xb[16 * c + __builtin_ctz(eq)];
+        break;
+      }
+    }
+    const float iscale = -127.0f / mx;
+    const __m512 vs = _mm512_set1_ps(iscale);
+    for (int c = 0; c < 16; ++c) {
+      const __m512 v = _mm512_min_ps(round_even16(_mm512_mul_ps(vs, _mm512_loadu_ps(xb + 16 * c))), _mm512_set1_ps(127.0f));
+      _mm_storeu_si128(reinterpret_cast<__m128i *>(rq + b * 256 + 16 * c), to_i8(v));
+    }
+    rd[b] = 1.0f / iscale;
+  }
+}
+
 constexpr TierKernels table() {
   TierKernels t = TierTable<Avx512, Isa::Avx512>::table();
   t.q8_0 = run_q32<quant::GgmlType::Q8_0>;
@@ -160,6 +220,7 @@ constexpr TierKernels table() {
   t.q5_0 = run_q32<quant::GgmlType::Q5_0>;
   t.q4_k = run_k45<quant::GgmlType::Q4_K>;
   t.q5_k = run_k45<quant::GgmlType::Q5_K>;
+  t.quantize_row = quantize_row_avx512;
   return t;
 }
 
