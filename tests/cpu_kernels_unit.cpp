@@ -222,8 +222,12 @@ TEST(CpuKernelsAmx, TilesEqualVnniAndGeneric) {
   }
   std::mt19937 rng(91);
   ThreadPool pool1(1), pool2(2);
+  // The K-quants' AMX kernel runs only with GEIST_AMX_KQUANTS=1 (a ctest entry sets it).
+  const char *kq = std::getenv("GEIST_AMX_KQUANTS");
+  const bool with_k = kq != nullptr && std::strcmp(kq, "1") == 0;
   for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q5_K}) {
     const bool k_quant = quant::traits(t).block_size == 256;
+    if (k_quant && !with_k) continue;
     for (int64_t K : k_quant ? std::vector<int64_t>{256, 512, 2048} : std::vector<int64_t>{32, 64, 96, 640}) {
       const int64_t N = 40;
       const size_t rb = quant::row_bytes(t, K);

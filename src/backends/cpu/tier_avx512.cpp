@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -141,11 +142,22 @@ void run_q32(const GemmArgs &a, int64_t g0, int64_t g1) {
   }
 }
 
-// Q4_K / Q5_K likewise (AmxK45).
+// Q4_K / Q5_K likewise (AmxK45), but only with GEIST_AMX_KQUANTS=1: measured on the 2-core
+// Xeon (2026-12-05) it is no faster than VNNI (Q4_K 2560 x 10240 at 512 rows 35.9 against
+// 36.3 ms) and slower at 16-128 rows (2048 x 640: 108 against 70 us at 16): the B tiles
+// double with the scale split, and their loads and the strided activation tiles wait on L2.
+bool amx_kquants() {
+  static const bool on = [] {
+    const char *e = std::getenv("GEIST_AMX_KQUANTS");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
+
 template <quant::GgmlType T>
 void run_k45(const GemmArgs &a, int64_t g0, int64_t g1) {
   count_tier_call(Isa::Avx512);
-  if (a.n_rows >= AmxK45<Avx512>::kRows && amx_enabled()) {
+  if (a.n_rows >= AmxK45<Avx512>::kRows && amx_kquants() && amx_enabled()) {
     count_amx_call();
     AmxK45<Avx512>::gemm<T>(a, g0, g1);
   } else {
