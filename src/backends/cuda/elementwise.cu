@@ -163,11 +163,13 @@ __global__ void __launch_bounds__(64) head_norm_rope_kernel(HeadNormSet t, int n
   // Which tensor: blocks [0, n_rows h0) are tensor 0's vectors, then tensor 1's, ...
   int64_t b = blockIdx.x;
   int ti = 0;
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    if (ti < t.n - 1 && b >= int64_t(n_rows) * t.n_heads[ti]) {
-      b -= int64_t(n_rows) * t.n_heads[ti];
-      ++ti;
+  const int64_t n0 = int64_t(n_rows) * t.n_heads[0], n1 = int64_t(n_rows) * t.n_heads[1];
+  if (t.n > 1 && b >= n0) {
+    b -= n0;
+    ti = 1;
+    if (t.n > 2 && b >= n1) {
+      b -= n1;
+      ti = 2;
     }
   }
   // Constant indices only (a variable index into a kernel parameter array goes to local memory).
