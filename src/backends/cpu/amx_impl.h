@@ -134,6 +134,21 @@ struct AmxQ32 {
     for (int r = 0; r < kRows; ++r) S::store(y + r * a.ldy, acc[r], n_valid);
   }
 
+  // Rows [full, n_rows) of a call (fewer than a tile) on the VNNI kernel; act_block: the
+  // activation format's block (32: Q8_0, 256: Q8_K).
+  template <quant::GgmlType T>
+  static void rest_on_vnni(const GemmArgs &a, int full, int act_block, int64_t g0, int64_t g1) {
+    if (full >= a.n_rows) return;
+    GemmArgs t = a;
+    t.xq += int64_t(full) * a.K;
+    t.xd += int64_t(full) * (a.K / act_block);
+    t.xs32 += int64_t(full) * (a.K / 32);
+    t.xs16 += int64_t(full) * (a.K / 16);
+    t.y += int64_t(full) * a.ldy;
+    t.n_rows = a.n_rows - full;
+    K8::template gemm<T>(t, g0, g1);
+  }
+
   // qgemm.h's GemmFn contract for groups [g0, g1): the rows' full 16-row tiles on AMX, in
   // row blocks of kRowBlock, the remaining rows (fewer than 16) by the VNNI kernel.
   template <quant::GgmlType T>
@@ -154,16 +169,7 @@ struct AmxQ32 {
       }
       release();
     }
-    if (full < a.n_rows) {
-      GemmArgs t = a;
-      t.xq += int64_t(full) * a.K;
-      t.xd += int64_t(full) * (a.K / 32);
-      t.xs32 += int64_t(full) * (a.K / 32);
-      t.xs16 += int64_t(full) * (a.K / 16);
-      t.y += int64_t(full) * a.ldy;
-      t.n_rows = a.n_rows - full;
-      K8::template gemm<T>(t, g0, g1);
-    }
+    AmxQ32<S>::template rest_on_vnni<T>(a, full, 32, g0, g1);
   }
 };
 
@@ -307,15 +313,6 @@ struct AmxK45 {
       }
       AmxQ32<S>::release();
     }
-    if (full < a.n_rows) {
-      GemmArgs t = a;
-      t.xq += int64_t(full) * a.K;
-      t.xd += int64_t(full) * (a.K / 256);
-      t.xs32 += int64_t(full) * (a.K / 32);
-      t.xs16 += int64_t(full) * (a.K / 16);
-      t.y += int64_t(full) * a.ldy;
-      t.n_rows = a.n_rows - full;
-      K8::template gemm<T>(t, g0, g1);
-    }
+    AmxQ32<S>::template rest_on_vnni<T>(a, full, 256, g0, g1);
   }
 };

@@ -28,6 +28,17 @@ __device__ __forceinline__ float rms_scale(double ss, int64_t dim, float eps, do
   return *r_sh;
 }
 
+// A thread's kPer elements i = threadIdx.x + j kThreads of a vector of dim (0 past dim, or
+// everywhere when p is null), all loaded before any is used.
+template <int kThreads, int kPer>
+__device__ __forceinline__ void load_part(const float *p, int64_t dim, float (&out)[kPer]) {
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    out[j] = p && i < dim ? p[i] : 0.0f;
+  }
+}
+
 // A thread's sum of squares over its kPer register elements i = threadIdx.x + j kThreads,
 // in j order (the tree of rms_scale does the rest).
 template <int kThreads, int kPer>
@@ -64,13 +75,9 @@ __global__ void __launch_bounds__(kThreads)
   float xr[kR], gr[kR], hr[kR];
   double ss = 0.0;
   if constexpr (kPer > 0) {
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = threadIdx.x + j * kThreads;
-      xr[j] = i < dim ? xv[i] : 0.0f;
-      gr[j] = g && i < dim ? g[i] : 0.0f;
-      hr[j] = hv && i < dim ? hv[i] : 0.0f;
-    }
+    load_part<kThreads, kPer>(xv, dim, xr);
+    load_part<kThreads, kPer>(g, dim, gr);
+    load_part<kThreads, kPer>(hv, dim, hr);
     ss = sum_squares<kThreads, kPer>(xr, dim);
   } else {
     for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
@@ -114,14 +121,10 @@ __global__ void __launch_bounds__(kThreads)
   float *xv = x + size_t(blockIdx.x) * dim;
   float *hv = h + size_t(blockIdx.x) * dim;
   float xr[kPer], gr[kPer], hr[kPer], nr[kPer];
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = threadIdx.x + j * kThreads;
-    xr[j] = i < dim ? xv[i] : 0.0f;
-    gr[j] = g && i < dim ? g[i] : 0.0f;
-    hr[j] = i < dim ? hv[i] : 0.0f;
-    nr[j] = gn && i < dim ? gn[i] : 0.0f;
-  }
+  load_part<kThreads, kPer>(xv, dim, xr);
+  load_part<kThreads, kPer>(g, dim, gr);
+  load_part<kThreads, kPer>(hv, dim, hr);
+  load_part<kThreads, kPer>(gn, dim, nr);
   const float r = rms_scale<kThreads>(sum_squares<kThreads, kPer>(xr, dim), dim, eps, part, &r_sh);
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
@@ -179,12 +182,8 @@ __global__ void __launch_bounds__(64) head_norm_rope_kernel(HeadNormSet t, int n
   const bool rope = ti == 0 ? t.rope[0] : ti == 1 ? t.rope[1] : t.rope[2];
   float *xv = x + size_t(b) * head_dim;
   float xr[kPer], gr[kPer];
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = threadIdx.x + j * kThreads;
-    xr[j] = i < head_dim ? xv[i] : 0.0f;
-    gr[j] = g && i < head_dim ? g[i] : 0.0f;
-  }
+  load_part<kThreads, kPer>(xv, head_dim, xr);
+  load_part<kThreads, kPer>(g, head_dim, gr);
   const float r = rms_scale<kThreads>(sum_squares<kThreads, kPer>(xr, head_dim), head_dim, eps, part, &r_sh);
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
