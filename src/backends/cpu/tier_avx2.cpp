@@ -210,7 +210,80 @@ struct Avx2 {
 #include "backends/cpu/qgemm_impl.h"
 #include "backends/cpu/tier_table_impl.h"
 
-constexpr TierKernels kTable = TierTable<Avx2, kIsa>::table();
+// quant::quantize_q8_0 / quantize_q8_k 8 lanes at a time with their operations, as the
+// avx512 tier's quantize_row_avx512 (the largest magnitude by max, NaN ignored as vmaxps
+// returns its second operand; the scale in scalar code; round_even's steps per lane).
+__m256 abs8(__m256 v) { return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))); }
+float hmax8(__m256 v) {  // lanes free of NaN
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+__m256 round_even8(__m256 v) {
+  v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));  // NaN -> 0
+  v = _mm256_max_ps(v, _mm256_set1_ps(-128.0f));
+  v = _mm256_min_ps(v, _mm256_set1_ps(127.0f));
+  const __m256 magic = _mm256_set1_ps(12582912.0f);
+  return _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
+}
+void store_i8(int8_t *dst, __m256 v) {  // integral values in [-128, 127]
+  const __m256i i = _mm256_cvtps_epi32(v);
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i *>(dst), _mm_packs_epi16(w, w));
+}
+
+void quantize_row_avx2(quant::ActFormat f, const float *x, int64_t k, float *rd, int8_t *rq) {
+  if (f == quant::ActFormat::Q8_0) {
+    for (int64_t b = 0; b < k / 32; ++b) {
+      const float *xb = x + b * 32;
+      __m256 m = _mm256_setzero_ps();
+      for (int c = 0; c < 4; ++c) m = _mm256_max_ps(abs8(_mm256_loadu_ps(xb + 8 * c)), m);
+      const float amax = hmax8(m);
+      const float d = amax / 127.0f;
+      const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+      rd[b] = quant::fp16_to_fp32(quant::fp32_to_fp16(d));
+      const __m256 vid = _mm256_set1_ps(id);
+      for (int c = 0; c < 4; ++c) store_i8(rq + b * 32 + 8 * c, round_even8(_mm256_mul_ps(_mm256_loadu_ps(xb + 8 * c), vid)));
+    }
+    return;
+  }
+  if (f != quant::ActFormat::Q8_K) return;
+  for (int64_t b = 0; b < k / 256; ++b) {
+    const float *xb = x + b * 256;
+    __m256 m = _mm256_setzero_ps();
+    for (int c = 0; c < 32; ++c) m = _mm256_max_ps(abs8(_mm256_loadu_ps(xb + 8 * c)), m);
+    const float amax = hmax8(m);
+    if (amax == 0.0f) {
+      rd[b] = 0.0f;
+      std::memset(&rq[b * 256], 0, 256);
+      continue;
+    }
+    float mx = 0.0f;  // the first element of largest magnitude
+    const __m256 va = _mm256_set1_ps(amax);
+    for (int c = 0; c < 32; ++c) {
+      const int eq = _mm256_movemask_ps(_mm256_cmp_ps(abs8(_mm256_loadu_ps(xb + 8 * c)), va, _CMP_EQ_OQ));
+      if (eq != 0) {
+        mx = xb[8 * c + __builtin_ctz(unsigned(eq))];
+        break;
+      }
+    }
+    const float iscale = -127.0f / mx;
+    const __m256 vs = _mm256_set1_ps(iscale);
+    for (int c = 0; c < 32; ++c) {
+      store_i8(rq + b * 256 + 8 * c,
+               _mm256_min_ps(round_even8(_mm256_mul_ps(vs, _mm256_loadu_ps(xb + 8 * c))), _mm256_set1_ps(127.0f)));
+    }
+    rd[b] = 1.0f / iscale;
+  }
+}
+
+constexpr TierKernels table() {
+  TierKernels t = TierTable<Avx2, kIsa>::table();
+  t.quantize_row = quantize_row_avx2;
+  return t;
+}
+
+constexpr TierKernels kTable = table();
 
 }  // namespace
 
