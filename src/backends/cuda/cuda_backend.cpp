@@ -532,13 +532,13 @@ class CudaExec final : public Exec {
  private:
   static constexpr int kOutputSlot = 1000;  // past every model's own slots
   // The fused ops (rmsnorm_add_norm, head_norm_rope, gelu_mul_cols: one launch each where
-  // the forward pass had 2 to 5) run only with GEIST_CUDA_FUSE=1 until they have passed the
-  // CUDA tests on a device (written 2026-12-05 without one: no GPU was lent that session).
-  // Otherwise they run as the separate ops they stand for; the bits are the same either way.
+  // the forward pass had 2 to 5). GEIST_CUDA_FUSE=0 runs the separate ops they stand for
+  // instead, to compare; the bits are the same either way (CudaOps memcmp tests,
+  // cuda_model_int_UNFUSED).
   static bool fuse() {
     static const bool v = [] {
       const char *e = std::getenv("GEIST_CUDA_FUSE");
-      return e != nullptr && std::strcmp(e, "1") == 0;
+      return e == nullptr || std::strcmp(e, "0") != 0;
     }();
     return v;
   }
