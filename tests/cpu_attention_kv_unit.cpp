@@ -16,6 +16,7 @@
 #include "backends/cpu/isa.h"
 #include "backends/cpu/kv_rows.h"
 #include "backends/cpu/ops.h"
+#include "backends/cpu/qgemm.h"
 #include "backends/kv_type.h"
 #include "base/thread_pool.h"
 #include "test_util.h"
@@ -26,6 +27,24 @@ namespace {
 bool tier_missing(Isa isa) {
   return !isa_supported(isa);
 }
+
+// Whether the avx512 tier runs bf16 K and V rings on AMX-BF16 tiles here (amx_attn_impl.h).
+bool amx_bf16_attention() {
+  return isa_supported(Isa::Avx512) && cpu_features().amx_bf16 && cpu_features().avx512bf16 && amx_usable();
+}
+
+// The AMX kernels off while in scope: the tests of the f32 kernels' contract (bit for bit
+// the attention over the rings read back to f32) are about the path AMX-BF16 replaces for
+// bf16 rings; AmxBf16Attention below tests that one.
+struct AmxOff {
+  AmxOff() : was_(amx_enabled()) { set_amx_enabled(false); }
+  ~AmxOff() { set_amx_enabled(was_); }
+  AmxOff(const AmxOff &) = delete;
+  AmxOff &operator=(const AmxOff &) = delete;
+
+ private:
+  bool was_;
+};
 
 // A K or V ring of cap rows of [n_kv][hd]: the typed bytes and the f32 they read back as.
 struct Ring {
@@ -67,6 +86,7 @@ class CpuAttentionKv : public ::testing::TestWithParam<std::tuple<Isa, KvTypes>>
 TEST_P(CpuAttentionKv, TypedRingEqualsItsF32ReadBack) {
   const auto [isa, t] = GetParam();
   if (tier_missing(isa)) GEIST_SKIP(std::string("this CPU has no ") + isa_name(isa) + " tier");
+  AmxOff amx_off;
   std::mt19937 rng(21 + 4 * int(t.k) + int(t.v));
   std::normal_distribution<float> nd;
   // Windows smaller than depth + rows make the ring wrap (cap = window + rows - 1 is the
@@ -167,6 +187,7 @@ TEST_P(CpuAttentionKv, RowBlocksEqualRowByRow) {
 TEST_P(CpuAttentionKv, NonFiniteRowsGiveTheSameBits) {
   const auto [isa, types] = GetParam();
   if (tier_missing(isa)) GEIST_SKIP(std::string("this CPU has no ") + isa_name(isa) + " tier");
+  AmxOff amx_off;
   std::mt19937 rng(5);
   std::normal_distribution<float> nd;
   const int n_head = 4, n_kv = 2, hd = 64, rows = 5;
@@ -242,6 +263,7 @@ INSTANTIATE_TEST_SUITE_P(TiersAndTypes, CpuAttentionKv,
 // the generic exact one, so equal bits would mean the tier fell back to generic.
 TEST(CpuAttentionKvTier, TierPathRunsForTypedRings) {
   if (best_isa() == Isa::Generic) GEIST_SKIP("this CPU has no SIMD tier");
+  AmxOff amx_off;
   std::mt19937 rng(9);
   std::normal_distribution<float> nd;
   const int n_head = 4, n_kv = 1, hd = 256, rows = 8;
@@ -272,6 +294,117 @@ TEST(CpuAttentionKvTier, TierPathRunsForTypedRings) {
     ASSERT_NE(0, std::memcmp(gen.data(), tier.data(), gen.size() * sizeof(float)));
     for (size_t i = 0; i < gen.size(); ++i)
       ASSERT_NEAR(tier[i], gen[i], 2e-5f * (1.0f + std::fabs(gen[i])));
+  }
+}
+
+// ---- bf16 rings on AMX-BF16 tiles (amx_attn_impl.h) -------------------------------------------
+// There the queries and the softmax weights are rounded to bfloat16 (the keys and values
+// already are), so the result is close to, not equal to, the exact attention; what must hold
+// exactly is that a query's bits depend on nothing but its own keys: not on the rows beside
+// it, the thread count, or inf and NaN in keys it does not see.
+
+#define REQUIRE_AMX_BF16()                                                                           \
+  if (!amx_bf16_attention() || !amx_enabled())                                                      \
+  GEIST_SKIP("no AMX-BF16 with AVX512-BF16 here (or the OS does not grant the tile state, or GEIST_AMX=0): " \
+             "the avx512 tier keeps its f32 kernels for bf16 rings")
+
+TEST(AmxBf16Attention, CloseToExactAndTheSameBitsWhateverTheRows) {
+  REQUIRE_AMX_BF16();
+  std::mt19937 rng(31);
+  std::normal_distribution<float> nd;
+  const Geo geos[] = {
+      {4, 1, 256, 0, 250, 0},  {4, 1, 256, 64, 300, 0}, {8, 2, 64, 0, 40, 0},   {8, 2, 64, 32, 100, 0},
+      {2, 2, 512, 0, 240, 0},  {8, 1, 512, 48, 90, 0},  {6, 6, 64, 20, 33, 0},  {4, 1, 256, 0, 5, 1000},
+      {8, 2, 256, 0, 1000, 0}, {8, 1, 128, 100, 650, 0},
+  };
+  const int row_list[] = {1, 3, 17, 33};
+  ThreadPool pool1(1), pool2(2), pool3(3);
+  double worst = 0;
+  for (const Geo &G : geos) {
+    for (int rows : row_list) {
+      SCOPED_TRACE(geo_name(G, rows));
+      const int64_t need = G.window > 0 ? G.window + rows - 1 : G.depth + rows;
+      const int64_t cap = G.cap > 0 ? G.cap : need;
+      Ring k = make_ring(KvType::BF16, cap, G.n_kv, G.hd, rng), v = make_ring(KvType::BF16, cap, G.n_kv, G.hd, rng);
+      std::vector<float> q(size_t(rows) * G.n_head * G.hd);
+      for (float &x : q) x = nd(rng);
+      std::vector<float> exact(q.size()), got(q.size()), other(q.size());
+      AttentionArgs a{q.data(), k.f32.data(), v.f32.data(), exact.data(),
+                      rows,     G.depth,      cap,          G.n_head,
+                      G.n_kv,   G.hd,         G.window,     1.0f / std::sqrt(float(G.hd))};
+      attention_on_tier(Isa::Generic, a, pool2);
+      AttentionArgs b = a;
+      b.k = k.typed.data();
+      b.v = v.typed.data();
+      b.k_type = b.v_type = KvType::BF16;
+      b.out = got.data();
+      const uint64_t calls = amx_calls();
+      attention_on_tier(Isa::Avx512, b, pool2);
+      ASSERT_GT(amx_calls(), calls) << "the AMX kernel did not run";
+      // Outputs are weighted means of N(0, 1) values: the weights' bf16 rounding (2^-9
+      // relative) and the queries' move them by a few 1e-3.
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], exact[i], 0.03) << i;
+        worst = std::max(worst, double(std::fabs(got[i] - exact[i])));
+      }
+      for (ThreadPool *pool : {&pool1, &pool3}) {
+        b.out = other.data();
+        attention_on_tier(Isa::Avx512, b, *pool);
+        ASSERT_EQ(0, std::memcmp(got.data(), other.data(), got.size() * sizeof(float))) << pool->n_threads();
+      }
+      for (int r = 0; r < rows; ++r) {  // row by row, as decode does
+        AttentionArgs c = b;
+        c.q = q.data() + size_t(r) * G.n_head * G.hd;
+        c.out = other.data() + size_t(r) * G.n_head * G.hd;
+        c.n_rows = 1;
+        c.q_pos0 = G.depth + r;
+        attention_on_tier(Isa::Avx512, c, pool2);
+      }
+      ASSERT_EQ(0, std::memcmp(got.data(), other.data(), got.size() * sizeof(float))) << "row by row";
+    }
+  }
+  std::printf("largest |AMX bf16 - exact| %.2e\n", worst);
+  EXPECT_GT(worst, 0.0) << "bits equal to the exact attention: was it the bf16 arithmetic?";
+}
+
+// inf and NaN in one key's K or V row (a corrupt ring): the queries that do not see that key
+// keep their bits; those that see a V special get a non-finite output, as the arithmetic
+// would give them. (0 x inf inside a tile would otherwise reach every query of the tile.)
+TEST(AmxBf16Attention, NonFiniteValuesReachOnlyTheQueriesThatSeeThem) {
+  REQUIRE_AMX_BF16();
+  std::mt19937 rng(8);
+  std::normal_distribution<float> nd;
+  const int n_head = 4, n_kv = 1, hd = 256, rows = 24;
+  const int64_t depth = 300, cap = depth + rows;
+  const int64_t row = int64_t(n_kv) * hd;
+  ThreadPool pool(2);
+  const uint16_t specials[] = {0x7FC0, 0x7F80, 0xFF80, 0x7F81};  // qNaN, +inf, -inf, sNaN
+  for (int trial = 0; trial < 8; ++trial) {
+    SCOPED_TRACE(trial);
+    const bool in_v = trial % 2 == 1;
+    Ring k = make_ring(KvType::BF16, cap, n_kv, hd, rng), v = make_ring(KvType::BF16, cap, n_kv, hd, rng);
+    std::vector<float> q(size_t(rows) * n_head * hd), clean(q.size()), got(q.size());
+    for (float &x : q) x = nd(rng);
+    AttentionArgs a{q.data(), k.typed.data(), v.typed.data(), clean.data(), rows, depth, cap, n_head, n_kv, hd,
+                    0,        0.0625f,        KvType::BF16,   KvType::BF16};
+    attention_on_tier(Isa::Avx512, a, pool);
+    const int64_t pos = depth + 3 + 5 * (trial / 2);  // rows below pos - depth do not see it
+    const size_t at = size_t(pos) * kv_row_bytes(KvType::BF16, row) + 2 * size_t((7 + 40 * trial) % hd);
+    std::memcpy((in_v ? v : k).typed.data() + at, &specials[trial / 2], 2);
+    a.out = got.data();
+    attention_on_tier(Isa::Avx512, a, pool);
+    const size_t per_row = size_t(n_head) * hd;
+    for (int r = 0; r < rows; ++r) {
+      const bool sees = depth + r >= pos;
+      const float *g = got.data() + r * per_row, *c = clean.data() + r * per_row;
+      if (!sees) {
+        ASSERT_EQ(0, std::memcmp(g, c, per_row * sizeof(float))) << "row " << r << " does not see the key";
+      } else if (in_v) {
+        bool nonfinite = false;
+        for (size_t i = 0; i < per_row; ++i) nonfinite = nonfinite || !std::isfinite(g[i]);
+        ASSERT_TRUE(nonfinite) << "row " << r << " sees the inf / NaN value";
+      }
+    }
   }
 }
 

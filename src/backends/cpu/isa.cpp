@@ -49,13 +49,14 @@ CpuFeatures detect() {
     // AMX-TILE (EDX bit 24) and AMX-INT8 (bit 25), with XTILECFG and XTILEDATA (XCR0 bits
     // 17 and 18) enabled by the OS.
     f.amx_int8 = ((d >> 24) & 1) && ((d >> 25) & 1) && osxsave && ((xgetbv0() >> 17) & 3) == 3;
+    f.amx_bf16 = f.amx_int8 && ((d >> 22) & 1);  // AMX-BF16: EDX bit 22
     __cpuid_count(7, 1, a, b, c, d);
     f.avxvnni = (a >> 4) & 1;
     f.avx512bf16 = (a >> 5) & 1;
   }
   if (!f.os_avx) f.avx2 = f.fma = f.f16c = f.avxvnni = false;
   if (!f.os_avx512) {
-    f.avx512f = f.avx512bw = f.avx512dq = f.avx512vl = f.avx512vnni = f.avx512bf16 = f.amx_int8 = false;
+    f.avx512f = f.avx512bw = f.avx512dq = f.avx512vl = f.avx512vnni = f.avx512bf16 = f.amx_int8 = f.amx_bf16 = false;
   }
 #endif
   return f;

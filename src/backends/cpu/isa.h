@@ -24,6 +24,7 @@ struct CpuFeatures {
   bool avx512f = false, avx512bw = false, avx512dq = false, avx512vl = false;
   bool avx512vnni = false, avx512bf16 = false, avxvnni = false;
   bool amx_int8 = false;  // AMX-TILE + AMX-INT8, and the OS enables the tile state (XCR0)
+  bool amx_bf16 = false;  // AMX-BF16 as well (with amx_int8)
   bool os_avx = false, os_avx512 = false;  // XGETBV: YMM / ZMM state enabled by the OS
 };
 

@@ -117,7 +117,11 @@ class RopeTable {
 // max(0, p - window + 1) for sliding layers (window > 0) and 0 otherwise.
 // out: [n_rows][n_head][head_dim].
 // A typed ring gives the same bits as the same attention over its rows read back to f32
-// (kv_rows.h, kv_load_rows): the kernels read each block of keys they visit into f32.
+// (kv_rows.h, kv_load_rows): the kernels read each block of keys they visit into f32. The
+// exception: bf16 K and V rings on the avx512 tier where the CPU has AMX-BF16 (and
+// amx_enabled()) run on tiles with the queries and softmax weights in bf16
+// (amx_attn_impl.h): close to, not equal to, the f32 result; rows and threads still change
+// no bit.
 struct AttentionArgs {
   const float *q;
   const void *k;

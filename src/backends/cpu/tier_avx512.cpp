@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -225,8 +226,22 @@ void quantize_row_avx512(quant::ActFormat f, const float *x, int64_t k, float *r
   }
 }
 
+#include "backends/cpu/amx_attn_impl.h"
+
+// Attention: bf16 K and V rings on AMX-BF16 tiles where it can (AmxAttnBf16), else the
+// tier's f32 kernels.
+void attn_rows_avx512(const AttentionArgs &a, int g, int r0, int r1, int64_t lo, int64_t hi, float *const *st) {
+  if (AmxAttnBf16<Avx512>::usable(a, r0, r1, lo, hi)) {
+    count_amx_call();
+    AmxAttnBf16<Avx512>::rows(a, g, r0, r1, lo, hi, st);
+  } else {
+    Attn<Avx512>::rows_any(a, g, r0, r1, lo, hi, st);
+  }
+}
+
 constexpr TierKernels table() {
   TierKernels t = TierTable<Avx512, Isa::Avx512>::table();
+  t.attn_rows = attn_rows_avx512;
   t.q8_0 = run_q32<quant::GgmlType::Q8_0>;
   t.q4_0 = run_q32<quant::GgmlType::Q4_0>;
   t.q5_0 = run_q32<quant::GgmlType::Q5_0>;
