@@ -869,7 +869,7 @@ struct AttnResult {
 // device attention and the CPU generic attention over the dequantized rings.
 // split: the fast path (scratch given); else the reference kernel.
 inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk = 0, bool split = true,
-                                bool any_head_dim = false, bool single_query = false) {
+                                bool any_head_dim = false, bool single_query = false, bool merge_counters = false) {
   ThreadPool pool(8);
   cu::CudaStream s = cuda_env().s;
   const int64_t row = int64_t(c.n_head_kv) * c.head_dim;
@@ -910,6 +910,8 @@ inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk 
 
   DevBuf dq(q), dout(q.size() * 4);
   DevBuf scratch(cu::attention_scratch_bytes(c.n_head, c.head_dim));
+  const size_t n_cnt = cu::attention_counter_bytes(c.n_head) / sizeof(unsigned);
+  DevBuf counters(std::vector<unsigned>(n_cnt, 0u));
   const int step = chunk > 0 ? chunk : c.n_rows;
   std::vector<int64_t> pos;
   for (int r0 = 0; r0 < c.n_rows; r0 += step) pos.push_back(c.pos0 + r0);
@@ -933,9 +935,15 @@ inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk 
     g.scratch = split ? scratch.as() : nullptr;
     g.any_head_dim = any_head_dim;
     g.single_query = single_query;
+    g.merge_counters = merge_counters ? counters.as<unsigned>() : nullptr;
     ok(cu::attention(g, s));
   }
   res.got = dout.get<float>(q.size());
+  if (merge_counters) {  // every call leaves them zero
+    for (unsigned v : counters.get<unsigned>(n_cnt)) {
+      if (v != 0) throw std::runtime_error("attention left a merge counter at " + std::to_string(v));
+    }
+  }
   return res;
 }
 
@@ -1035,6 +1043,32 @@ CUDA_TEST(CudaOps, AttentionFixedHeadDimSameBits) {
         const AttnResult fixed = run_attention(c, rng_a, 0, true, false);
         const AttnResult any = run_attention(c, rng_b, 0, true, true);
         ASSERT_TRUE(bits_equal(fixed.got.data(), any.got.data(), any.got.size()));
+      }
+    }
+  }
+}
+
+// The split kernel merging its own splits (the last block of a query does it, counted in by
+// AttnArgs::merge_counters) gives the merge kernel's bits, and leaves the counters zero for the
+// next call: decode (1 row) and the one-query kernel on up to 70 rows (two row groups),
+// global and sliding, rings that wrap, calls of 1 and 7 rows reusing the counters, every KV
+// type, the fixed and the any head dim kernels.
+CUDA_TEST(CudaOps, AttentionMergeInSplitSameBits) {
+  REQUIRE_CUDA();
+  for (KvType t : kKvTypes) {
+    for (int hd : {64, 256, 512}) {
+      for (const AttnCase &c : std::vector<AttnCase>{AttnCase{1, 8, 2, hd, 0, 700, 800, t, t},
+                                                     AttnCase{70, 4, 1, hd, 0, 130, 300, t, t},
+                                                     AttnCase{9, 8, 2, hd, 100, 1000, 100 + 8, t, t}}) {
+        for (int chunk : {0, 1, 7}) {
+          for (bool any : {false, true}) {
+            SCOPED_TRACE(describe(c) + " chunk " + std::to_string(chunk) + (any ? " any head dim" : ""));
+            std::mt19937 rng_a(47), rng_b(47);
+            const AttnResult sep = run_attention(c, rng_a, chunk, true, any, true, false);
+            const AttnResult fused = run_attention(c, rng_b, chunk, true, any, true, true);
+            ASSERT_TRUE(bits_equal(sep.got.data(), fused.got.data(), sep.got.size()));
+          }
+        }
       }
     }
   }

@@ -259,6 +259,57 @@ constexpr int kChunk = 64;
 constexpr int kSplits = 8;
 constexpr int kRowGroup = 64;  // queries per launch pair (bounds the partials' scratch)
 
+// out = (sum_s f_s o_s) * (1 / sum_s f_s l_s), f_s = exp(m_s - M), splits in order, for
+// query row row0 + rr and head h, by the block's threads. The partials are read past L1
+// (__ldcg): in the split kernel's own merge they were written by other blocks.
+__device__ __forceinline__ void merge_splits(const AttnCore &a, int row0, int rr, int h, const float *part) {
+  const float *pp = part + (size_t(rr) * a.n_head + h) * kSplits * size_t(a.head_dim + 2);
+  const size_t st = size_t(a.head_dim + 2);
+  float M = -INFINITY;
+  for (int s = 0; s < kSplits; ++s) M = fmaxf(M, __ldcg(pp + s * st));
+  float f[kSplits];
+  float L = 0.0f;
+#pragma unroll
+  for (int s = 0; s < kSplits; ++s) {
+    const float ms = __ldcg(pp + s * st);
+    f[s] = ms == -INFINITY ? 0.0f : exp_f(__fsub_rn(ms, M));
+    L = __fadd_rn(L, __fmul_rn(f[s], __ldcg(pp + s * st + 1)));
+  }
+  const float inv = __fdiv_rn(1.0f, L);
+  float *out = a.out + (size_t(row0 + rr) * a.n_head + h) * a.head_dim;
+  for (int d = threadIdx.x; d < a.head_dim; d += kThreads) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kSplits; ++s) {
+      if (f[s] != 0.0f) acc = __fadd_rn(acc, __fmul_rn(f[s], __ldcg(pp + s * st + 2 + d)));
+    }
+    out[d] = __fmul_rn(acc, inv);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) attention_merge_kernel(AttnCore a, int row0, const float *__restrict__ part) {
+  dev::pdl_start();
+  merge_splits(a, row0, int(blockIdx.y), int(blockIdx.x), part);
+}
+
+// The split kernel's own merge (cnt != nullptr: one zeroed counter per (query row of the
+// group, head)): each block, its partial written, counts itself in; the last of a query's
+// kSplits blocks merges them (merge_splits, splits in order: the merge kernel's bits) and
+// zeroes the counter for the next call. One launch per attention instead of two.
+__device__ __forceinline__ void merge_if_last(const AttnCore &a, int row0, int rr, int h, const float *part,
+                                              unsigned *cnt) {
+  __shared__ unsigned last;
+  __threadfence();  // this block's partial, visible device-wide before it is counted
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(cnt + size_t(rr) * a.n_head + h, 1u) == unsigned(kSplits - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  merge_splits(a, row0, rr, h, part);
+  if (threadIdx.x == 0) cnt[size_t(rr) * a.n_head + h] = 0;
+}
+
+
 // Ring slot of position ka + off, given s0 = ka % capacity (no 64-bit division per key).
 __device__ __forceinline__ int64_t slot_after(int64_t s0, int off, int64_t capacity) {
   int64_t s = s0 + off;
@@ -344,7 +395,8 @@ __device__ __forceinline__ void chunk_values(const AttnCore &a, int64_t s0, int 
 // HD > 0: the head dim, fixed at compile time (64, 128, 256, 512 with K and V of one type);
 // 0: any head dim. Both give the same bits.
 template <KvType KT, KvType VT, int HD>
-__global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnParams a0, int row0, float *__restrict__ part) {
+__global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnParams a0, int row0, float *__restrict__ part,
+                                                                  unsigned *cnt) {
   dev::pdl_start();
   constexpr int kDpt = HD > 0 ? (HD + kThreads - 1) / kThreads : kDimsPerThread;
   const AttnCore a = for_row(a0, row0 + int(blockIdx.z));
@@ -437,6 +489,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnParams a0
     const int d = tid + kThreads * i;
     if (d < head_dim) pp[2 + d] = o[i];
   }
+  if (cnt != nullptr) merge_if_last(a, row0, rr, h, part, cnt);
 }
 
 // ---- split attention, many queries per block (prefill) -------------------------------------------
@@ -670,34 +723,6 @@ __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0,
   }
 }
 
-// out = (sum_s f_s o_s) * (1 / sum_s f_s l_s), f_s = exp(m_s - M), splits in order.
-__global__ void __launch_bounds__(kThreads) attention_merge_kernel(AttnCore a, int row0, const float *__restrict__ part) {
-  dev::pdl_start();
-  const int h = blockIdx.x, rr = blockIdx.y;
-  const float *pp = part + (size_t(rr) * a.n_head + h) * kSplits * size_t(a.head_dim + 2);
-  const size_t st = size_t(a.head_dim + 2);
-  float M = -INFINITY;
-  for (int s = 0; s < kSplits; ++s) M = fmaxf(M, pp[s * st]);
-  float f[kSplits];
-  float L = 0.0f;
-#pragma unroll
-  for (int s = 0; s < kSplits; ++s) {
-    const float ms = pp[s * st];
-    f[s] = ms == -INFINITY ? 0.0f : exp_f(__fsub_rn(ms, M));
-    L = __fadd_rn(L, __fmul_rn(f[s], pp[s * st + 1]));
-  }
-  const float inv = __fdiv_rn(1.0f, L);
-  float *out = a.out + (size_t(row0 + rr) * a.n_head + h) * a.head_dim;
-  for (int d = threadIdx.x; d < a.head_dim; d += kThreads) {
-    float acc = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kSplits; ++s) {
-      if (f[s] != 0.0f) acc = __fadd_rn(acc, __fmul_rn(f[s], pp[s * st + 2 + d]));
-    }
-    out[d] = __fmul_rn(acc, inv);
-  }
-}
-
 template <class F>
 bool dispatch_kv(KvType t, F &&f) {
   return dispatch_among<KvType, KvType::F32, KvType::F16, KvType::BF16, KvType::Q8_0>(t, std::forward<F>(f));
@@ -815,6 +840,8 @@ size_t attention_scratch_bytes(int n_head, int head_dim) {
   return size_t(kRowGroup) * size_t(n_head) * kSplits * size_t(head_dim + 2) * sizeof(float);
 }
 
+size_t attention_counter_bytes(int n_head) { return size_t(kRowGroup) * size_t(n_head) * sizeof(unsigned); }
+
 namespace {
 
 Status check_attn(const AttnArgs &a) {
@@ -850,6 +877,7 @@ Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {
     return launch_status("cuda::attention");
   }
   auto *part = static_cast<float *>(a.scratch);
+  unsigned *const cnt = a.merge_counters;
   const int group = a.n_head / a.n_head_kv;
   const bool mq = !a.single_query && !a.any_head_dim && p.seqs.n == 0 && a.n_rows >= kMqMinRows &&
                   kMqHeads % group == 0 && (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256 || a.head_dim == 512);
@@ -884,14 +912,14 @@ Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {
         if constexpr (KT == VT) {
           if (!a.any_head_dim && !(KT == KvType::Q8_0 && a.head_dim == 512)) {
             fixed = dispatch_among<int, 64, 128, 256, 512>(a.head_dim, [&](auto tag_hd) {
-              launch(attention_split_kernel<KT, VT, decltype(tag_hd)::value>, grid, kThreads, s, p, row0, part);
+              launch(attention_split_kernel<KT, VT, decltype(tag_hd)::value>, grid, kThreads, s, p, row0, part, cnt);
             });
           }
         }
-        if (!fixed) launch(attention_split_kernel<KT, VT, 0>, grid, kThreads, s, p, row0, part);
+        if (!fixed) launch(attention_split_kernel<KT, VT, 0>, grid, kThreads, s, p, row0, part, cnt);
       });
     });
-    launch(attention_merge_kernel, dim3(unsigned(a.n_head), unsigned(nr)), kThreads, s, p.c, row0, part);
+    if (cnt == nullptr) launch(attention_merge_kernel, dim3(unsigned(a.n_head), unsigned(nr)), kThreads, s, p.c, row0, part);
   }
   return launch_status("cuda::attention");
 }

@@ -230,6 +230,7 @@ class CudaExec final : public Exec {
     cuda::device_free(step_);
     cuda::device_free(scratch_);
     cuda::device_free(attn_scratch_);
+    cuda::device_free(attn_counters_);
     for (void *p : retired_) cuda::device_free(p);
   }
 
@@ -484,6 +485,21 @@ class CudaExec final : public Exec {
       attn_scratch_ = p;
       attn_scratch_bytes_ = need;
     }
+    // The split kernel's merge counters (zero when allocated; every attention leaves them
+    // zero) where merge_in_split(); otherwise the separate merge kernel runs.
+    const size_t need_cnt = merge_in_split() ? cuda::attention_counter_bytes(n_head) : 0;
+    if (attn_counter_bytes_ < need_cnt) {
+      void *p = nullptr;
+      if (Status st = alloc(&p, need_cnt, "attention counters"); !st.is_ok()) return fail(st);
+      const std::vector<uint8_t> zeros(need_cnt, 0);
+      if (Status st = cuda::upload(p, zeros.data(), need_cnt); !st.is_ok()) {
+        cuda::device_free(p);
+        return fail(st);
+      }
+      retired_.push_back(attn_counters_);
+      attn_counters_ = p;
+      attn_counter_bytes_ = need_cnt;
+    }
     for_each_group(l, [&](const CudaKvStore &c, const cuda::SeqRings &t, int row_first, uint64_t h) {
       cuda::AttnArgs a;
       a.q = q.rows_from(row_first).p;
@@ -497,7 +513,9 @@ class CudaExec final : public Exec {
       a.window = window;
       a.scale = scale;
       a.scratch = attn_scratch_;
-      record("attention", mix(h, key(6, a.q, a.out, n_head, a.n_head_kv, head_dim, window, scale, a.scratch)),
+      a.merge_counters = need_cnt > 0 ? static_cast<unsigned *>(attn_counters_) : nullptr;
+      record("attention", mix(h, key(6, a.q, a.out, n_head, a.n_head_kv, head_dim, window, scale, a.scratch,
+                                      a.merge_counters)),
              [=, s = stream_] { return cuda::attention_seqs(a, t, s); });
     });
   }
@@ -535,6 +553,16 @@ class CudaExec final : public Exec {
   // the forward pass had 2 to 5). GEIST_CUDA_FUSE=0 runs the separate ops they stand for
   // instead, to compare; the bits are the same either way (CudaOps memcmp tests,
   // cuda_model_int_UNFUSED).
+  // The split attention kernel merging its own splits (AttnArgs::merge_counters): written
+  // 2026-12-05 while no device was lent, so only with GEIST_CUDA_ATTN_MERGE=1 until
+  // CudaOps.AttentionMergeInSplitSameBits and the model tests have passed on one.
+  static bool merge_in_split() {
+    static const bool v = [] {
+      const char *e = std::getenv("GEIST_CUDA_ATTN_MERGE");
+      return e != nullptr && std::strcmp(e, "1") == 0;
+    }();
+    return v;
+  }
   static bool fuse() {
     static const bool v = [] {
       const char *e = std::getenv("GEIST_CUDA_FUSE");
@@ -705,6 +733,8 @@ class CudaExec final : public Exec {
   void *scratch_ = nullptr;
   void *attn_scratch_ = nullptr;
   size_t attn_scratch_bytes_ = 0;
+  void *attn_counters_ = nullptr;
+  size_t attn_counter_bytes_ = 0;
   std::vector<void *> retired_;  // scratch replaced during a step, freed at its end
   std::vector<Output> outputs_;
   int n_rows_ = 0;

@@ -242,9 +242,16 @@ struct AttnArgs {
   // From 4 rows of one sequence, a kernel stages each chunk of keys once for 16 query heads;
   // it gives the one-query-per-block kernel's bits. true: that kernel (the tests compare).
   bool single_query = false;
+  // attention_counter_bytes(n_head) of device memory, zero before the first call (each call
+  // leaves it zero), or null: the one-query split kernel's blocks count themselves in and the
+  // last of a query's merges the splits (the merge kernel's bits, one launch fewer). Only one
+  // attention at a time may use a set of counters.
+  unsigned *merge_counters = nullptr;
 };
 // Device scratch the split kernel needs (any n_rows: queries go 64 at a time).
 size_t attention_scratch_bytes(int n_head, int head_dim);
+// Bytes of AttnArgs::merge_counters for n_head query heads.
+size_t attention_counter_bytes(int n_head);
 // With scratch (the fast path): keys in chunks of 64 absolute positions, 8 splits taking
 // every 8th chunk with an online softmax each, merged in split order; scores by the CPU's
 // 16-lane dot. A query's output depends on the query alone (batch invariant) but is not the
