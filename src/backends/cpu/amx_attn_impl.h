@@ -75,6 +75,23 @@ struct AmxAttnBf16 {
     }
   }
 
+  // exp(x) for x <= 0 (a score minus its query's maximum), to ~1e-5 relative: its result is
+  // rounded to bf16 next (2^-9). x below -87 or NaN gives exp(-87) (~1.6e-38; a NaN score
+  // weighs about nothing, as in the f32 kernels). 2^(x log2 e) as 2^n 2^f, |f| <= 1/2, 2^f by
+  // a degree-4 polynomial, 2^n by vscalefps.
+  static __m512 exp_le0(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));  // max(NaN, c) = c
+    const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(y, n);
+    __m512 p = _mm512_set1_ps(9.6181291e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+  }
+
   // 16 f32 -> bf16 -> f32, to nearest even (the value TDPBF16PS will read).
   __attribute__((target("avx512bf16"))) static __m512 round_bf16(__m512 x) {
     const __m256i h = std::bit_cast<__m256i>(_mm512_cvtneps_pbh(x));
@@ -126,11 +143,11 @@ struct AmxAttnBf16 {
     const int QT = (nq + 15) / 16, ldq = QT * 16;  // query tiles; floats per score row
 
     // Scratch: Q^T tiles [QT][DS] | scores / p [nks * 32][ldq] f32 | P tiles [QT][nks] |
-    // V tiles [DS][nks][2] | K rows of wrapping tiles [32][D] bf16 | one C tile.
+    // V tiles [DS][nks][2] | K rows of wrapping tiles [32][D] bf16 | two C tiles.
     static thread_local Scratch scratch;
     const size_t q_bytes = size_t(QT) * DS * 1024, s_bytes = size_t(nks) * 32 * ldq * 4,
                  p_bytes = size_t(QT) * nks * 1024, v_bytes = size_t(DS) * nks * 2048, k_bytes = size_t(32) * D * 2;
-    uint8_t *base = scratch.get(q_bytes + s_bytes + p_bytes + v_bytes + k_bytes + 1024);
+    uint8_t *base = scratch.get(q_bytes + s_bytes + p_bytes + v_bytes + k_bytes + 2048);
     uint8_t *qt_tiles = base;
     float *sc = reinterpret_cast<float *>(qt_tiles + q_bytes);
     uint8_t *p_tiles = qt_tiles + q_bytes + s_bytes;
@@ -163,7 +180,29 @@ struct AmxAttnBf16 {
     const uint8_t *kring = static_cast<const uint8_t *>(a.k);
     configure();
     __asm__ volatile("" ::: "memory");  // the tiles below read what was just stored
+    const size_t head_bytes = size_t(D) * 2;
+    const uint8_t *vring_pf = static_cast<const uint8_t *>(a.v);
+    const size_t v_rb_pf = kv_row_bytes(KvType::BF16, int64_t(a.n_head_kv) * D);
+    // Ahead of the tiles (which the hardware prefetchers follow poorly: 16 rows a ring row
+    // apart): the next 32 keys' K rows into L1, this step's V rows into L2 for the rewrite.
+    auto prefetch_rows = [&](const uint8_t *ring, size_t rb, int k0, int n, bool to_l1) {
+      int64_t slot = (kb0 + k0) % a.kv_cap;
+      for (int i = 0; i < n; ++i) {
+        const char *row = reinterpret_cast<const char *>(ring + size_t(slot) * rb + k_off);
+        for (size_t o = 0; o < head_bytes; o += 64) {
+          if (to_l1) {
+            _mm_prefetch(row + o, _MM_HINT_T0);
+          } else {
+            _mm_prefetch(row + o, _MM_HINT_T1);
+          }
+        }
+        if (++slot == a.kv_cap) slot = 0;
+      }
+    };
+    prefetch_rows(kring, k_rb, 0, std::min(32, nk), true);
     for (int ks = 0; ks < nks; ++ks) {
+      if (32 * (ks + 1) < nk) prefetch_rows(kring, k_rb, 32 * (ks + 1), std::min(32, nk - 32 * (ks + 1)), true);
+      prefetch_rows(vring_pf, v_rb_pf, 32 * ks, std::min(32, nk - 32 * ks), false);
       const uint8_t *kp[2];
       size_t kst[2];
       for (int h = 0; h < 2; ++h) {
@@ -219,7 +258,7 @@ struct AmxAttnBf16 {
         for (int k = 0; k < nk; ++k) m = _mm512_max_ps(_mm512_mul_ps(_mm512_loadu_ps(sc + size_t(k) * ldq + 16 * t), scale), m);
         for (int k = 0; k < nk; ++k) {
           float *row = sc + size_t(k) * ldq + 16 * t;
-          const __m512 p = round_bf16(S::exp(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(row), scale), m)));
+          const __m512 p = round_bf16(exp_le0(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(row), scale), m)));
           _mm512_storeu_ps(row, p);
           l = _mm512_add_ps(l, p);
         }
@@ -236,7 +275,7 @@ struct AmxAttnBf16 {
           const __m512i kk = _mm512_set1_epi32(k);
           const __mmask16 see = _mm512_cmple_epi32_mask(vlo, kk) & _mm512_cmpge_epi32_mask(vhi, kk);
           const __m512 s = _mm512_mul_ps(_mm512_loadu_ps(row), scale);
-          const __m512 p = round_bf16(_mm512_maskz_mov_ps(see, S::exp(_mm512_sub_ps(s, m))));
+          const __m512 p = round_bf16(_mm512_maskz_mov_ps(see, exp_le0(_mm512_sub_ps(s, m))));
           _mm512_storeu_ps(row, p);
           l = _mm512_add_ps(l, p);
         }
@@ -265,21 +304,23 @@ struct AmxAttnBf16 {
     for (int k = 0; k < 32 * nks; ++k) {
       vrow[k] = k < nk ? vring + size_t((kb0 + k) % a.kv_cap) * v_rb + v_off : kZeroRow;
     }
-    alignas(64) static constexpr int16_t kIlLo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
-                                                      8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-    alignas(64) static constexpr int16_t kIlHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
-                                                      24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
-    const __m512i il_lo = _mm512_load_si512(kIlLo), il_hi = _mm512_load_si512(kIlHi);
     const __m512i expo = _mm512_set1_epi16(0x7F80);
+    // Unpacking a pair of key rows' 32 dims interleaves the keys within 128-bit lanes: lane L of
+    // lo_half holds dims 8 L .. 8 L + 3, of hi_half 8 L + 4 .. 8 L + 7 (the B tiles' column
+    // order, so the C tiles' too); un0 / un1 put dims 0..15 / 16..31 back in order.
+    alignas(64) static constexpr int32_t kUn0[16] = {0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23};
+    alignas(64) static constexpr int32_t kUn1[16] = {8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31};
+    const __m512i un0 = _mm512_load_si512(kUn0), un1 = _mm512_load_si512(kUn1);
     bool nonfinite = false;
     // Every V tile of the chunk first, each key pair's rows read once from start to end;
-    // V tile (ds, ks, half) row i: dims 32 ds + 16 half .. + 15 of keys 32 ks + 2 i, + 1.
+    // V tile (ds, ks, half) row i: keys 32 ks + 2 i, + 1 of 16 of the dims 32 ds .. + 31 (the
+    // lane order below).
     for (int ks = 0; ks < nks; ++ks) {
       for (int i = 0; i < 16; ++i) {
         const uint8_t *r0p = vrow[32 * ks + 2 * i], *r1p = vrow[32 * ks + 2 * i + 1];
         for (int ds = 0; ds < DS; ++ds) {
           const __m512i x0 = _mm512_loadu_si512(r0p + 64 * ds), x1 = _mm512_loadu_si512(r1p + 64 * ds);
-          __m512i lo_half = _mm512_permutex2var_epi16(x0, il_lo, x1), hi_half = _mm512_permutex2var_epi16(x0, il_hi, x1);
+          __m512i lo_half = _mm512_unpacklo_epi16(x0, x1), hi_half = _mm512_unpackhi_epi16(x0, x1);
           const __mmask32 bad_lo = _mm512_cmpeq_epi16_mask(_mm512_and_si512(lo_half, expo), expo);
           const __mmask32 bad_hi = _mm512_cmpeq_epi16_mask(_mm512_and_si512(hi_half, expo), expo);
           if (bad_lo | bad_hi) {
@@ -295,11 +336,16 @@ struct AmxAttnBf16 {
     }
     __asm__ volatile("" ::: "memory");
     for (int ds = 0; ds < DS; ++ds) {
-      auto put = [&](int t, int half, const float *c) {
+      // c: the query tile's two C tiles (columns: lo_half's dims, then hi_half's), back in
+      // dim order for each query's acc.
+      auto put = [&](int t, const float *c) {
         for (int j = 0; j < 16; ++j) {
           const int q = 16 * t + j;
           if (qlo[q] > qhi[q]) continue;
-          std::memcpy(st[q / group] + 2 * group + size_t(q % group) * D + 32 * ds + 16 * half, c + 16 * j, 64);
+          const __m512 lo = _mm512_load_ps(c + 16 * j), hi = _mm512_load_ps(c + 256 + 16 * j);
+          float *acc = st[q / group] + 2 * group + size_t(q % group) * D + 32 * ds;
+          _mm512_storeu_ps(acc, _mm512_permutex2var_ps(lo, un0, hi));
+          _mm512_storeu_ps(acc + 16, _mm512_permutex2var_ps(lo, un1, hi));
         }
       };
       int t = 0;
@@ -353,9 +399,9 @@ struct AmxAttnBf16 {
   }
 
   // p x V for NT query tiles (ptiles: [NT][nks] A tiles) and two 16-dim column blocks
-  // (vtiles: [nks][2] B tiles), summed over the nks 32-key steps; each C tile stored to c
-  // (16 x 16 f32) and handed to put(query tile, half, c). Tiles: 0-3 C (query tile t,
-  // half h) at 2 t + h, 4-5 p, 6-7 values.
+  // (vtiles: [nks][2] B tiles), summed over the nks 32-key steps; each query tile's two C
+  // tiles stored to c (2 x 16 x 16 f32) and handed to put(query tile, c). Tiles: 0-3 C
+  // (query tile t, half h) at 2 t + h, 4-5 p, 6-7 values.
   template <int NT, class Put>
   __attribute__((target("amx-tile,amx-bf16"))) static void value_block(const uint8_t *ptiles, int nks,
                                                                         const uint8_t *vtiles, float *c, int t0,
@@ -379,14 +425,12 @@ struct AmxAttnBf16 {
       }
     }
     _tile_stored(0, c, 64);
-    put(t0, 0, c);
-    _tile_stored(1, c, 64);
-    put(t0, 1, c);
+    _tile_stored(1, c + 256, 64);
+    put(t0, c);
     if constexpr (NT > 1) {
       _tile_stored(2, c, 64);
-      put(t0 + 1, 0, c);
-      _tile_stored(3, c, 64);
-      put(t0 + 1, 1, c);
+      _tile_stored(3, c + 256, 64);
+      put(t0 + 1, c);
     }
   }
 
