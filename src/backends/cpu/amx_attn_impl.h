@@ -34,13 +34,20 @@ struct AmxAttnBf16 {
   static constexpr int kMaxHeadDim = 512;
   static constexpr int kMaxQueries = 128;  // rows x query heads per call
 
-  // Whether this call can run here: bf16 K and V, a head dim of whole 32-element tile
-  // steps, a chunk of at most 256 keys starting on a 32-key boundary, at most 16 rows.
-  static bool usable(const AttentionArgs &a, int r0, int r1, int64_t lo, int64_t hi) {
+  static constexpr int kMaxRows = 32;
+
+  // Whether the arguments' calls run here: bf16 K and V, a head dim of whole 32-element tile
+  // steps, at most kMaxQueries query heads per KV head, AMX-BF16 on.
+  static bool takes(const AttentionArgs &a) {
     static const bool hw = cpu_features().amx_bf16 && cpu_features().avx512bf16;
     return hw && a.k_type == KvType::BF16 && a.v_type == KvType::BF16 && a.head_dim % 32 == 0 &&
-           a.head_dim <= kMaxHeadDim && lo % 32 == 0 && (r1 - r0) * (a.n_head / a.n_head_kv) <= kMaxQueries && hi - lo < kMaxKeys && r1 - r0 <= 16 && r1 > r0 &&
-           amx_enabled();
+           a.head_dim <= kMaxHeadDim && a.n_head / a.n_head_kv <= kMaxQueries && amx_enabled();
+  }
+  // The most query rows of one call (kMaxRows, fewer for large groups).
+  static int rows_per_call(const AttentionArgs &a) { return std::min(kMaxRows, kMaxQueries / (a.n_head / a.n_head_kv)); }
+  // This call: also a chunk of at most 256 keys starting on a 32-key boundary.
+  static bool usable(const AttentionArgs &a, int r0, int r1, int64_t lo, int64_t hi) {
+    return lo % 32 == 0 && hi - lo < kMaxKeys && r1 > r0 && takes(a) && r1 - r0 <= rows_per_call(a);
   }
 
   __attribute__((target("amx-tile,amx-bf16"))) static void configure() {

@@ -662,8 +662,10 @@ thread_local std::vector<int64_t> t_attn_first;
 
 // Most query rows one task of attention_blocks walks together: the rows' running and
 // partial states ([rows][2][group][head_dim + 2] f32: 128 KiB at 16 rows, 4 heads of 256)
-// stay in L2 while each block of keys is read once for all of them.
+// stay in L2 while each block of keys is read once for all of them. A tier may ask for up
+// to kAttnRowBlockMax (TierKernels::attn_row_block).
 constexpr int kAttnRowBlock = 16;
+constexpr int kAttnRowBlockMax = 32;
 
 // Query rows [r0, r1) of one sequence for KV head g, their chunks walked in order: for
 // each chunk, one kernel call computes every row's partial state over it (the keys read
@@ -679,7 +681,7 @@ void attention_rows(AttnRowsFn kernel, const AttentionArgs &a, int g, int r0, in
   auto view = [&](float *base) { return AttnState{base, base + group, base + 2 * group}; };
   auto running = [&](int i) { return buf.data() + size_t(i) * state_floats; };
   auto partial = [&](int i) { return buf.data() + size_t(n + i) * state_floats; };
-  float *st[kAttnRowBlock];
+  float *st[kAttnRowBlockMax];
   int64_t lo0, hi0, lo1, hi1;
   visible(a, r0, &lo0, &hi0);
   visible(a, r1 - 1, &lo1, &hi1);  // kv_begin and the position grow with the row
@@ -706,7 +708,7 @@ void attention_rows(AttnRowsFn kernel, const AttentionArgs &a, int g, int r0, in
 // walks their chunks together. Few units (decode): one task per (unit, chunk), then one
 // task per unit merges its partials in chunk order. Every path gives a unit the same
 // bits, whatever the other rows and sequences in the call and the thread count.
-void attention_tiled(AttnRowsFn kernel, const AttentionArgs *as, int n_seq, ThreadPool &pool) {
+void attention_tiled(AttnRowsFn kernel, int row_block, const AttentionArgs *as, int n_seq, ThreadPool &pool) {
   const int group = as[0].n_head / as[0].n_head_kv;
   const int D = as[0].head_dim;
   const size_t state_floats = size_t(group) * (D + 2);
@@ -716,9 +718,11 @@ void attention_tiled(AttnRowsFn kernel, const AttentionArgs *as, int n_seq, Thre
   for (int s = 0; s < n_seq; ++s) unit0[s + 1] = unit0[s] + as[s].n_rows * as[s].n_head_kv;
   const int units = unit0[n_seq];
   if (units >= 2 * pool.n_threads()) {
-    // Blocks of b rows: small enough that every thread gets a few tasks, at most
-    // kAttnRowBlock. Which rows share a task changes no row's bits.
-    const int b = std::clamp(units / (2 * pool.n_threads()), 1, kAttnRowBlock);
+    // Blocks of b rows: small enough that every thread gets a few tasks (one where the tier
+    // takes wider blocks, so that each thread reads a chunk's keys once), at most row_block.
+    // Which rows share a task changes no row's bits.
+    const int per_thread = row_block > kAttnRowBlock ? 1 : 2;
+    const int b = std::clamp(units / (per_thread * pool.n_threads()), 1, row_block);
     std::vector<int> &task0 = t_attn_task0;  // [n_seq + 1]: first task of each sequence
     task0.assign(size_t(n_seq) + 1, 0);
     for (int s = 0; s < n_seq; ++s) task0[s + 1] = task0[s] + as[s].n_head_kv * ((as[s].n_rows + b - 1) / b);
@@ -800,7 +804,8 @@ void attention_seqs_on_tier(Isa isa, const AttentionArgs *as, int n_seq, ThreadP
     for (int s = 0; s < n_seq; ++s) attention_generic(as[s], pool);
     return;
   }
-  attention_tiled(tk->attn_rows, as, n_seq, pool);
+  const int row_block = tk->attn_row_block ? std::clamp(tk->attn_row_block(a), 1, kAttnRowBlockMax) : kAttnRowBlock;
+  attention_tiled(tk->attn_rows, row_block, as, n_seq, pool);
 }
 
 }  // namespace geist::cpu

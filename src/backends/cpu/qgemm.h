@@ -74,6 +74,10 @@ struct TierKernels {
   // quant::quantize_row_to's bits for Q8_0 and Q8_K activation rows, vectorized; nullptr:
   // the tier has none (the scalar one runs).
   void (*quantize_row)(quant::ActFormat f, const float *x, int64_t k, float *d, int8_t *q) = nullptr;
+  // The most query rows attn_rows takes per call for these arguments (it then also gets one
+  // task per thread rather than two); nullptr: 16. More rows share each key block read: the
+  // AMX-BF16 kernel takes 32.
+  int (*attn_row_block)(const AttentionArgs &a) = nullptr;
   GemmFn for_type(quant::GgmlType t) const;
   FloatGemmFn float_for_type(quant::GgmlType t) const;
 };
