@@ -655,6 +655,13 @@ void visible(const AttentionArgs &a, int r, int64_t *lo, int64_t *hi) {
   *lo = a.window > 0 ? std::max<int64_t>(0, *hi - a.window + 1) : 0;
 }
 
+thread_local uint64_t t_attn_task = 0;
+// A new attention_task_id() for this thread's next kernel calls.
+void begin_attention_task() {
+  static std::atomic<uint64_t> next{1};
+  t_attn_task = next.fetch_add(1, std::memory_order_relaxed);
+}
+
 thread_local std::vector<float> t_attn_scratch;
 thread_local std::vector<int> t_attn_unit0;
 thread_local std::vector<int> t_attn_task0;
@@ -672,6 +679,7 @@ constexpr int kAttnRowBlockMax = 32;
 // once for the rows), then each row merges its partial into its running state, in chunk
 // order. A row's bits are those of a walk over its chunks alone.
 void attention_rows(AttnRowsFn kernel, const AttentionArgs &a, int g, int r0, int r1) {
+  begin_attention_task();
   const int group = a.n_head / a.n_head_kv;
   const int D = a.head_dim;
   const int n = r1 - r0;
@@ -760,6 +768,7 @@ void attention_tiled(AttnRowsFn kernel, int row_block, const AttentionArgs *as, 
   std::vector<float> &parts = t_attn_scratch;
   if (parts.size() < size_t(first[units]) * state_floats) parts.resize(size_t(first[units]) * state_floats);
   pool.run(static_cast<int>(first[units]), [&](int task, int) {
+    begin_attention_task();
     const int u = int(std::upper_bound(first.begin(), first.end(), int64_t(task)) - first.begin()) - 1;
     int s, r, g;
     locate(u, &s, &r, &g);
@@ -781,6 +790,8 @@ void attention_tiled(AttnRowsFn kernel, int row_block, const AttentionArgs *as, 
 }
 
 }  // namespace
+
+uint64_t attention_task_id() { return t_attn_task; }
 
 void attention(const AttentionArgs &a, ThreadPool &pool) { attention_on_tier(active_isa(), a, pool); }
 

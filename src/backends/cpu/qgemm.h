@@ -63,6 +63,10 @@ using FloatGemmFn = void (*)(const FloatGemmArgs &a, int64_t n0, int64_t n1);
 // a block of keys at a time, once for all the rows. A row's bits do not depend on r0, r1.
 using AttnRowsFn = void (*)(const AttentionArgs &a, int g, int r0, int r1, int64_t lo, int64_t hi,
                             float *const *st);
+// Within one task of the attention's pool runs the AttnRowsFn calls are for the same query
+// rows (their chunks in order); this is a number no other task on this thread has had (0:
+// outside any task), so that a kernel may keep what it made of the queries across them.
+uint64_t attention_task_id();
 
 struct TierKernels {
   Isa isa;
