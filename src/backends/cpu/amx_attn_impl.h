@@ -2,13 +2,14 @@
 // amx_enabled() and the CPU has AMX-BF16 and AVX512-BF16). Include only from
 // tier_avx512.cpp, inside its anonymous namespace, after amx_impl.h and attn_impl.h.
 //
-// One call: query rows [r0, r1) (at most 16 here) and the query heads of KV head g over
-// the keys of one 256-position chunk [lo, hi] (attention_tiled's chunks). Its arithmetic:
+// One call: query rows [r0, r1) (at most rows_per_call(): 32, or 128 queries) and the query
+// heads of KV head g over the keys of one 256-position chunk [lo, hi] (attention_tiled's
+// chunks). Its arithmetic:
 // - the queries are rounded to bfloat16 (to nearest even); the keys already are;
 // - scores s = scale * (q . k), the dot product a TDPBF16PS chain over head_dim in steps of
 //   32 (f32 accumulation);
 // - over the chunk at once (not online): m = the largest score a query sees (NaN ignored),
-//   p = exp(s - m) (the tier's exp) rounded to bfloat16, p = 0 exactly for keys it does not
+//   p = exp(s - m) (exp_le0, ~1e-5 relative) rounded to bfloat16, p = 0 exactly for keys it does not
 //   see; l = the sum of those rounded p in key order;
 // - acc = sum_k p_k v_k, a TDPBF16PS chain over the chunk's keys in steps of 32.
 // The partial state (m, l, acc) then merges with the other chunks' as on every tier.
@@ -23,7 +24,7 @@
 // afterwards, so they get the inf or NaN the plain arithmetic would give.
 //
 // Orientation: the score tiles are keys x queries (A = 16 keys x 32 dims, read in place
-// from the ring with its row stride; B = the queries, transposed once per call into the
+// from the ring with its row stride; B = the queries, transposed once per task into the
 // pair-interleaved layout TDPBF16PS wants), so the ring needs no reshuffling. The value
 // product is queries x dims (A = p, 16 queries x 32 keys: the softmax's rows transposed;
 // B = 32 keys x 16 dims of V with the key pairs interleaved).
