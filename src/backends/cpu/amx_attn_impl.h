@@ -200,29 +200,7 @@ struct AmxAttnBf16 {
     const uint8_t *kring = static_cast<const uint8_t *>(a.k);
     configure();
     __asm__ volatile("" ::: "memory");  // the tiles below read what was just stored
-    const size_t head_bytes = size_t(D) * 2;
-    const uint8_t *vring_pf = static_cast<const uint8_t *>(a.v);
-    const size_t v_rb_pf = kv_row_bytes(KvType::BF16, int64_t(a.n_head_kv) * D);
-    // Ahead of the tiles (which the hardware prefetchers follow poorly: 16 rows a ring row
-    // apart): the next 32 keys' K rows into L1, this step's V rows into L2 for the rewrite.
-    auto prefetch_rows = [&](const uint8_t *ring, size_t rb, int k0, int n, bool to_l1) {
-      int64_t slot = (kb0 + k0) % a.kv_cap;
-      for (int i = 0; i < n; ++i) {
-        const char *row = reinterpret_cast<const char *>(ring + size_t(slot) * rb + k_off);
-        for (size_t o = 0; o < head_bytes; o += 64) {
-          if (to_l1) {
-            _mm_prefetch(row + o, _MM_HINT_T0);
-          } else {
-            _mm_prefetch(row + o, _MM_HINT_T1);
-          }
-        }
-        if (++slot == a.kv_cap) slot = 0;
-      }
-    };
-    prefetch_rows(kring, k_rb, 0, std::min(32, nk), true);
     for (int ks = 0; ks < nks; ++ks) {
-      if (32 * (ks + 1) < nk) prefetch_rows(kring, k_rb, 32 * (ks + 1), std::min(32, nk - 32 * (ks + 1)), true);
-      prefetch_rows(vring_pf, v_rb_pf, 32 * ks, std::min(32, nk - 32 * ks), false);
       const uint8_t *kp[2];
       size_t kst[2];
       for (int h = 0; h < 2; ++h) {
@@ -380,7 +358,7 @@ struct AmxAttnBf16 {
       m[q % group] = mq[q];
       m[group + q % group] = lq[q];
     }
-    if (nonfinite) add_nonfinite_values(a, st, group, D, nq, ldq, qlo, qhi, sc, vrow);
+    if (nonfinite) add_nonfinite_values(st, group, D, nq, ldq, qlo, qhi, sc, vrow);
   }
 
   // Scores of 32 keys (key tiles kp[0], kp[1]: 16 keys x 32 dims per step, row strides
@@ -456,10 +434,8 @@ struct AmxAttnBf16 {
 
   // The V elements that are inf or NaN, left out of the tiles, added by the queries that
   // see their key: acc += p * v (p as the tiles used it).
-  static void add_nonfinite_values(const AttentionArgs &a, float *const *st, int group, int D, int nq, int ldq,
-                                   const int32_t *qlo, const int32_t *qhi, const float *sc,
-                                   const uint8_t *const *vrow) {
-    (void)a;
+  static void add_nonfinite_values(float *const *st, int group, int D, int nq, int ldq, const int32_t *qlo,
+                                   const int32_t *qhi, const float *sc, const uint8_t *const *vrow) {
     for (int q = 0; q < nq; ++q) {
       float *acc = st[q / group] + 2 * group + size_t(q % group) * D;
       for (int k = qlo[q]; k <= qhi[q]; ++k) {
