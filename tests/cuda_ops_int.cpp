@@ -385,6 +385,64 @@ CUDA_TEST(CudaOps, MatvecSplitBitExact) {
   }
 }
 
+// matmul_n over matrices of mixed types and widths sharing one x (the 270M's q/k Q5_0 and
+// v Q8_0; five of one type, past a launch's set of four; a K-quant beside Q8_0-format
+// types, which take another activation format): every output bit-exact against the CPU
+// oracle for its matrix alone, at 1-8 rows (the matrix-vector kernels' sets) and 9 and 64
+// rows (one matrix per launch).
+CUDA_TEST(CudaOps, MatmulNMixedTypesBitExact) {
+  REQUIRE_CUDA();
+  ThreadPool pool(4);
+  std::mt19937 rng(9876);
+  ActModeScope scope(cpu::ActivationMode::Q8);
+  const int64_t k = 768;
+  const int kMaxRows = 64;
+  using G = GgmlType;
+  const std::vector<std::vector<std::pair<G, int64_t>>> lists = {
+      {{G::Q5_0, 1024}, {G::Q5_0, 256}, {G::Q8_0, 256}},
+      {{G::Q5_0, 256}, {G::Q8_0, 256}, {G::Q5_0, 1024}},
+      {{G::Q4_0, 96}, {G::Q4_0, 33}, {G::Q4_0, 200}, {G::Q4_0, 8}, {G::Q4_0, 65}},
+      {{G::Q8_0, 300}, {G::Q4_K, 70}, {G::Q5_0, 40}},
+      {{G::Q4_K, 130}, {G::Q6_K, 64}, {G::Q4_K, 17}},
+  };
+  const std::vector<float> x = random_acts(kMaxRows, k, rng);
+  DevBuf dx(x);
+  for (size_t li = 0; li < lists.size(); ++li) {
+    SCOPED_TRACE("list " + std::to_string(li));
+    const auto &list = lists[li];
+    const int n_mat = int(list.size());
+    std::vector<std::vector<uint8_t>> w(n_mat);
+    std::vector<std::vector<float>> want(n_mat);
+    std::vector<std::unique_ptr<DevBuf>> dw, dy;
+    std::vector<cu::DevMatrix> ms;
+    std::vector<float *> ys;
+    size_t scratch_bytes = 1;
+    for (int m = 0; m < n_mat; ++m) {
+      const auto [t, n_out] = list[m];
+      w[m] = random_matrix(t, k, n_out, rng);
+      want[m].resize(size_t(kMaxRows) * n_out);
+      cpu::matmul_generic(view_of(w[m], t, k, n_out), x.data(), want[m].data(), kMaxRows, pool);
+      dw.push_back(std::make_unique<DevBuf>(w[m]));
+      dy.push_back(std::make_unique<DevBuf>(want[m].size() * 4));
+      ms.push_back(dev_matrix(*dw.back(), t, k, n_out));
+      ys.push_back(dy.back()->as<float>());
+      scratch_bytes = std::max(scratch_bytes, cu::matmul_scratch_bytes(ms.back(), kMaxRows));
+    }
+    DevBuf scratch(scratch_bytes);
+    for (int n : {1, 2, 3, 4, 5, 8, 9, 64}) {
+      for (int m = 0; m < n_mat; ++m) {
+        CU_OK(cu::memset_async(ys[m], 0xFF, want[m].size() * 4, cuda_env().s));
+      }
+      CU_OK(cu::matmul_n(ms.data(), ys.data(), n_mat, dx.as<float>(), n, cu::ActMode::Q8, scratch.as(),
+                         cuda_env().s));
+      for (int m = 0; m < n_mat; ++m) {
+        const std::vector<float> got = dy[m]->get<float>(size_t(n) * list[m].second);
+        ASSERT_TRUE(bits_equal(got.data(), want[m].data(), got.size())) << "matrix " << m << ", n_rows " << n;
+      }
+    }
+  }
+}
+
 // A range of output rows is a view of the matrix (DevMatrix comment): equal to cpu::matmul_range.
 CUDA_TEST(CudaOps, MatmulRowRangeView) {
   REQUIRE_CUDA();

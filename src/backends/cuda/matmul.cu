@@ -185,17 +185,33 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
 constexpr int kMvq32Warps = 8;
 
+// Up to kQ32SetMax matrices of one type and K over the same activations, in one launch:
+// warp g takes output g - first[m] of the matrix m with first[m] <= g < first[m + 1]. Each
+// output is computed as in a launch of its matrix alone (the same bits).
+constexpr int kQ32SetMax = 4;
+struct Q32Set {
+  const uint8_t *w[kQ32SetMax];
+  size_t row_bytes[kQ32SetMax];
+  float *y[kQ32SetMax];
+  int64_t n_out[kQ32SetMax];
+  int64_t first[kQ32SetMax + 1];  // outputs before matrix m; first[n] = the total
+  int n;
+};
+
 template <GgmlType T, int R>
 __global__ void __launch_bounds__(kMvq32Warps * 32)
-    matvec_q32_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
-                      const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y, int n_rows,
-                      int pf) {
+    matvec_q32_kernel(Q32Set set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                      int n_rows, int pf) {
   using BI = dev::BlockInfo<T>;
   static_assert(BI::kBlock == 32 && BI::kDminOff < 0, "32-element blocks without mins");
   const int lane = threadIdx.x % 32, gb = lane / 4, part = lane % 4;
-  const int64_t n = int64_t(blockIdx.x) * kMvq32Warps + threadIdx.x / 32;
-  const uint8_t *wrow = w + size_t(n < n_out ? n : 0) * row_bytes;
-  if (n < n_out) dev::prefetch_lines(wrow, row_bytes, lane, 32, pf);
+  const int64_t g = int64_t(blockIdx.x) * kMvq32Warps + threadIdx.x / 32;
+  int m = 0;
+  while (m + 1 < set.n && g >= set.first[m + 1]) ++m;
+  const int64_t n = g - set.first[m], n_out = set.n_out[m];
+  float *__restrict__ y = set.y[m];
+  const uint8_t *wrow = set.w[m] + size_t(n < n_out ? n : 0) * set.row_bytes[m];
+  if (n < n_out) dev::prefetch_lines(wrow, set.row_bytes[m], lane, 32, pf);
   dev::pdl_start();
   if (n >= n_out) return;  // whole warps
   const int64_t nb = K / 32;
@@ -689,6 +705,80 @@ bool f32_matvec(const DevMatrix &w, int n_rows) {
 }
 }  // namespace
 
+namespace {
+// Q4_0/Q5_0/Q8_0: the matrix-vector kernel for 1-2 rows, and up to 8 where the MMA
+// kernel's 64 x 64 tiles would not give every SM one (the 270M's 640-wide matrices: 4 rows
+// took 23.5 us in 32 tiles of 2048 outputs, 2 rows 4.6 us); else the MMA kernel.
+bool q32_matvec(const DevMatrix &w, int n_rows) {
+  TypeGeom tg;
+  return type_geom(w.type, &tg) && tg.block == 32 && tg.act_block == 32 && !reference_kernels() &&
+         (n_rows <= 2 || (n_rows <= 8 && (w.n_out + 63) / 64 < device_sm_count()));
+}
+
+// The matrix-vector kernel over n (<= kQ32SetMax per launch) matrices of one 32-block type
+// and K, each with q32_matvec true.
+void launch_q32_matvec(const DevMatrix *ws, float *const *ys, int n, const QuantizedActs &qa, int n_rows,
+                       CudaStream s) {
+  for (int m0 = 0; m0 < n; m0 += kQ32SetMax) {
+    Q32Set set{};
+    set.n = n - m0 < kQ32SetMax ? n - m0 : kQ32SetMax;
+    for (int m = 0; m < set.n; ++m) {
+      set.w[m] = ws[m0 + m].data;
+      set.row_bytes[m] = ws[m0 + m].row_bytes;
+      set.y[m] = ys[m0 + m];
+      set.n_out[m] = ws[m0 + m].n_out;
+      set.first[m + 1] = set.first[m] + ws[m0 + m].n_out;
+    }
+    const dim3 g(unsigned((set.first[set.n] + kMvq32Warps - 1) / kMvq32Warps));
+    const int64_t K = ws[m0].n_in;
+    dispatch_q8(ws[m0].type, [&](auto tag) {
+      constexpr GgmlType T = decltype(tag)::value;
+      if constexpr (dev::BlockInfo<T>::kBlock == 32) {
+        auto go = [&](auto kernel) {
+          launch(kernel, g, kMvq32Warps * 32, s, set, K, qa.q, qa.d, n_rows, prefetch_mode());
+        };
+        if (n_rows == 1) {
+          go(matvec_q32_kernel<T, 1>);
+        } else if (n_rows == 2) {
+          go(matvec_q32_kernel<T, 2>);
+        } else if (n_rows <= 4) {
+          go(matvec_q32_kernel<T, 4>);
+        } else {
+          go(matvec_q32_kernel<T, 8>);
+        }
+      }
+    });
+  }
+}
+
+// The Q8-mode matmul once x is quantized (qa: matmul_scratch_bytes' layout for w).
+Status matmul_quantized(const DevMatrix &w, const QuantizedActs &qa, float *y, int n_rows, CudaStream s) {
+  const int8_t *xq = qa.q;
+  const float *xd = qa.d;
+  if (kquant_fast_path(w.type) && !reference_kernels()) {
+    matmul_kquant(w, xq, xd, y, n_rows, s);
+    return launch_status("cuda::matmul (k-quant)");
+  }
+  if (q32_matvec(w, n_rows)) {
+    float *const ys[1] = {y};
+    launch_q32_matvec(&w, ys, 1, qa, n_rows, s);
+    return launch_status("cuda::matmul (q32 matvec)");
+  }
+  if (q32_mma_type(w.type) && kquant_mma_min_rows() < (1 << 30) && !reference_kernels()) {
+    matmul_q32_mma(w, xq, xd, y, n_rows, s);
+    return launch_status("cuda::matmul (q32 mma)");
+  }
+  const dim3 grid(unsigned((w.n_out + kWarpsPerBlock - 1) / kWarpsPerBlock),
+                  unsigned((n_rows + kRowsPerWarp - 1) / kRowsPerWarp));
+  const dim3 block(kWarpsPerBlock * 32);
+  dispatch_q8(w.type, [&](auto tag) {
+    constexpr GgmlType T = decltype(tag)::value;
+    launch(matmul_q8_kernel<T>, grid, block, s, w.data, w.row_bytes, w.n_in, w.n_out, xq, xd, y, n_rows);
+  });
+  return launch_status("cuda::matmul (q8)");
+}
+}  // namespace
+
 Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode mode, void *scratch,
               CudaStream s) {
   GEIST_RETURN_IF_ERROR(check_matrix(w, "cuda::matmul"));
@@ -719,70 +809,51 @@ Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode 
   }
   if (scratch == nullptr) return bad_arg("cuda::matmul: Q8 mode needs scratch (matmul_scratch_bytes)");
   const QuantizedActs qa = quantize_acts(x, K, n_rows, tg.act_block, scratch, s);
-  const int8_t *xq = qa.q;
-  const float *xd = qa.d;
   GEIST_RETURN_IF_ERROR(launch_status("cuda::matmul (quantize activations)"));
-  if (kquant_fast_path(w.type) && !reference_kernels()) {
-    matmul_kquant(w, xq, xd, y, n_rows, s);
-    return launch_status("cuda::matmul (k-quant)");
-  }
-  // Q4_0/Q5_0/Q8_0: the matrix-vector kernel for 1-2 rows, and up to 8 where the MMA
-  // kernel's 64 x 64 tiles would not give every SM one (the 270M's 640-wide matrices: 4 rows
-  // took 23.5 us in 32 tiles of 2048 outputs, 2 rows 4.6 us); else the MMA kernel.
-  const bool q32_matvec = n_rows <= 2 || (n_rows <= 8 && (w.n_out + 63) / 64 < device_sm_count());
-  if (q32_mma_type(w.type) && !q32_matvec && kquant_mma_min_rows() < (1 << 30) && !reference_kernels()) {
-    matmul_q32_mma(w, xq, xd, y, n_rows, s);
-    return launch_status("cuda::matmul (q32 mma)");
-  }
-  dispatch_q8(w.type, [&](auto tag) {
-    constexpr GgmlType T = decltype(tag)::value;
-    if constexpr (dev::BlockInfo<T>::kBlock == 32) {
-      if (q32_matvec && !reference_kernels()) {
-        const dim3 g(unsigned((w.n_out + kMvq32Warps - 1) / kMvq32Warps));
-        auto go = [&](auto kernel) {
-          launch(kernel, g, kMvq32Warps * 32, s, w.data, w.row_bytes, K, w.n_out, xq, xd, y, n_rows, prefetch_mode());
-        };
-        if (n_rows == 1) {
-          go(matvec_q32_kernel<T, 1>);
-        } else if (n_rows == 2) {
-          go(matvec_q32_kernel<T, 2>);
-        } else if (n_rows <= 4) {
-          go(matvec_q32_kernel<T, 4>);
-        } else {
-          go(matvec_q32_kernel<T, 8>);
-        }
-        return;
-      }
-    }
-    launch(matmul_q8_kernel<T>, grid, block, s, w.data, w.row_bytes, K, w.n_out, xq, xd, y, n_rows);
-  });
-  return launch_status("cuda::matmul (q8)");
+  return matmul_quantized(w, qa, y, n_rows, s);
 }
 
 Status matmul_n(const DevMatrix *ws, float *const *ys, int n_mat, const float *x, int n_rows, ActMode mode,
                 void *scratch, CudaStream s) {
   if (n_mat < 0 || (n_mat > 0 && (ws == nullptr || ys == nullptr))) return bad_arg("cuda::matmul_n: bad matrix list");
-  // One quantization of x and one launch per run of same-type matrices, when every matrix
-  // is a K-quant of the same K and the rows are few (the matrix-vector kernel).
-  bool grouped = mode == ActMode::Q8 && n_mat > 1 && n_rows >= 1 && n_rows <= 8 && !reference_kernels() &&
-                 scratch != nullptr && x != nullptr;
+  // One quantization of x for every matrix, when they all take the same activation format
+  // (Q8_0 or Q8_K) and K: the quantized rows depend on x alone, so the bits are the same as
+  // quantizing per matrix. Then one launch per run of same-type matrices where the kernel
+  // takes sets (the K-quants up to 8 rows, the Q4_0/Q5_0/Q8_0 matrix-vector kernel), one per
+  // matrix elsewhere.
+  TypeGeom tg0;
+  bool grouped = mode == ActMode::Q8 && n_mat > 1 && n_rows >= 1 && n_rows <= 65535 && !reference_kernels() &&
+                 scratch != nullptr && x != nullptr && type_geom(ws[0].type, &tg0) && tg0.act_block != 0;
   for (int m = 0; grouped && m < n_mat; ++m) {
-    grouped = kquant_fast_path(ws[m].type) && ws[m].n_in == ws[0].n_in && ys[m] != nullptr &&
-              check_matrix(ws[m], "cuda::matmul_n").is_ok();
+    TypeGeom tg;
+    grouped = check_matrix(ws[m], "cuda::matmul_n").is_ok() && type_geom(ws[m].type, &tg) &&
+              tg.act_block == tg0.act_block && ws[m].n_in == ws[0].n_in && ys[m] != nullptr;
   }
   if (!grouped) {
     for (int m = 0; m < n_mat; ++m) GEIST_RETURN_IF_ERROR(matmul(ws[m], x, ys[m], n_rows, mode, scratch, s));
     return Status::ok();
   }
-  const QuantizedActs qa = quantize_acts(x, ws[0].n_in, n_rows, 256, scratch, s);
+  const QuantizedActs qa = quantize_acts(x, ws[0].n_in, n_rows, tg0.act_block, scratch, s);
   GEIST_RETURN_IF_ERROR(launch_status("cuda::matmul_n (quantize activations)"));
   for (int m0 = 0; m0 < n_mat;) {
     int m1 = m0 + 1;
     while (m1 < n_mat && ws[m1].type == ws[m0].type) ++m1;
-    matmul_kquant_n(ws + m0, ys + m0, m1 - m0, qa.q, qa.d, n_rows, s);
+    if (kquant_fast_path(ws[m0].type) && n_rows <= 8) {
+      matmul_kquant_n(ws + m0, ys + m0, m1 - m0, qa.q, qa.d, n_rows, s);
+      GEIST_RETURN_IF_ERROR(launch_status("cuda::matmul_n (k-quant)"));
+    } else {
+      bool set = true;
+      for (int m = m0; m < m1; ++m) set = set && q32_matvec(ws[m], n_rows);
+      if (set) {
+        launch_q32_matvec(ws + m0, ys + m0, m1 - m0, qa, n_rows, s);
+        GEIST_RETURN_IF_ERROR(launch_status("cuda::matmul_n (q32 matvec)"));
+      } else {
+        for (int m = m0; m < m1; ++m) GEIST_RETURN_IF_ERROR(matmul_quantized(ws[m], qa, ys[m], n_rows, s));
+      }
+    }
     m0 = m1;
   }
-  return launch_status("cuda::matmul_n (k-quant)");
+  return Status::ok();
 }
 
 Status embed(const DevMatrix &table, const int32_t *ids, int n, float scale, float *out, CudaStream s) {
