@@ -828,6 +828,9 @@ Status matmul_n(const DevMatrix *ws, float *const *ys, int n_mat, const float *x
     TypeGeom tg;
     grouped = check_matrix(ws[m], "cuda::matmul_n").is_ok() && type_geom(ws[m].type, &tg) &&
               tg.act_block == tg0.act_block && ws[m].n_in == ws[0].n_in && ys[m] != nullptr;
+    // GEIST_CUDA_GROUP_ALL=0: only K-quants up to 8 rows share (as before 2026-12-05), to compare.
+    static const bool all = env_int("GEIST_CUDA_GROUP_ALL", 1) != 0;
+    if (!all) grouped = grouped && kquant_fast_path(ws[m].type) && n_rows <= 8;
   }
   if (!grouped) {
     for (int m = 0; m < n_mat; ++m) GEIST_RETURN_IF_ERROR(matmul(ws[m], x, ys[m], n_rows, mode, scratch, s));
