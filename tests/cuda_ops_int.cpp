@@ -856,6 +856,58 @@ const KvType kKvTypes[] = {KvType::F32, KvType::F16, KvType::BF16, KvType::Q8_0}
 // kv_append: rows land at (pos0 + r) % capacity with exactly kv_type.h's bytes, wrapping the
 // ring; untouched slots keep their bytes. Then positions move ring <-> host, ring -> ring and
 // ring <-> a device block.
+// kv_append_kv_seqs: K and V rows of two sequences (one wrapping its ring) in one launch,
+// byte-equal to the rows encoded on the host; the rest of every ring untouched.
+CUDA_TEST(CudaOps, KvAppendKAndVInOneLaunch) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(23);
+  cu::CudaStream s = cuda_env().s;
+  for (KvType t : kKvTypes) {
+    for (int64_t row_elems : {32, 512}) {
+      SCOPED_TRACE(std::string(kv_type_name(t)) + " row_elems " + std::to_string(row_elems));
+      const size_t rb = kv_row_bytes(t, row_elems);
+      const int64_t caps[2] = {6, 9}, pos0[2] = {4, 0};
+      const int rows[2] = {3, 2};
+      const int n_rows = rows[0] + rows[1];
+      const std::vector<float> k = randn(size_t(n_rows) * row_elems, rng, 3.0f);
+      const std::vector<float> v = randn(size_t(n_rows) * row_elems, rng, 3.0f);
+      DevBuf dk(k), dv(v);
+      std::vector<std::vector<uint8_t>> want_k, want_v;
+      std::vector<std::unique_ptr<DevBuf>> bufs;
+      cu::SeqRings sq;
+      sq.n = 2;
+      int r0 = 0;
+      for (int i = 0; i < 2; ++i) {
+        want_k.emplace_back(size_t(caps[i]) * rb, uint8_t(0x5A));
+        want_v.emplace_back(size_t(caps[i]) * rb, uint8_t(0xC3));
+        bufs.push_back(std::make_unique<DevBuf>(want_k.back()));
+        sq.k[i] = bufs.back()->as();
+        bufs.push_back(std::make_unique<DevBuf>(want_v.back()));
+        sq.v[i] = bufs.back()->as();
+        bufs.push_back(std::make_unique<DevBuf>(std::vector<int64_t>{pos0[i]}));
+        sq.pos0[i] = bufs.back()->as<int64_t>();
+        sq.capacity[i] = caps[i];
+        for (int r = 0; r < rows[i]; ++r) {
+          const size_t slot = size_t((pos0[i] + r) % caps[i]);
+          const std::vector<uint8_t> ek = kv_encode(t, &k[size_t(r0 + r) * row_elems], row_elems);
+          const std::vector<uint8_t> ev = kv_encode(t, &v[size_t(r0 + r) * row_elems], row_elems);
+          std::memcpy(&want_k[i][slot * rb], ek.data(), rb);
+          std::memcpy(&want_v[i][slot * rb], ev.data(), rb);
+        }
+        r0 += rows[i];
+        sq.row0[i + 1] = r0;
+      }
+      CU_OK(cu::kv_append_kv_seqs(t, sq, row_elems, dk.as<float>(), dv.as<float>(), s));
+      for (int i = 0; i < 2; ++i) {
+        const std::vector<uint8_t> gk = bufs[size_t(3 * i)]->get<uint8_t>(want_k[i].size());
+        const std::vector<uint8_t> gv = bufs[size_t(3 * i + 1)]->get<uint8_t>(want_v[i].size());
+        EXPECT_EQ(std::memcmp(gk.data(), want_k[i].data(), gk.size()), 0) << "K, sequence " << i;
+        EXPECT_EQ(std::memcmp(gv.data(), want_v[i].data(), gv.size()), 0) << "V, sequence " << i;
+      }
+    }
+  }
+}
+
 CUDA_TEST(CudaOps, KvAppendCopyReadWrite) {
   REQUIRE_CUDA();
   std::mt19937 rng(21);

@@ -60,13 +60,17 @@ __device__ __forceinline__ T pick(const T (&a)[N], int i) {
 }
 
 // rings: the table's K (v_rings false) or V rings.
+// With k_src and v_src both set, blockIdx.z = 0 stores K rows and 1 V rows (one launch for
+// both); with one of them null, the other's rings only.
 template <KvType T>
-__global__ void kv_append_kernel(SeqRings t, bool v_rings, int64_t row_elems, size_t row_bytes,
-                                 const float *__restrict__ src) {
+__global__ void kv_append_kernel(SeqRings t, int64_t row_elems, size_t row_bytes, const float *__restrict__ k_src,
+                                 const float *__restrict__ v_src) {
   dev::pdl_start();
   const int r = blockIdx.x;
   const int64_t e = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
   if (e >= row_elems) return;
+  const bool v_rings = v_src != nullptr && (k_src == nullptr || blockIdx.z == 1);
+  const float *__restrict__ src = v_rings ? v_src : k_src;
   const int i = seq_of_row(t, r);
   const int64_t slot = (*pick(t.pos0, i) + (r - pick(t.row0, i))) % pick(t.capacity, i);
   uint8_t *row = static_cast<uint8_t *>(v_rings ? pick(t.v, i) : pick(t.k, i)) + size_t(slot) * row_bytes;
@@ -770,24 +774,41 @@ Status kv_append(KvType t, void *ring, int64_t capacity, int64_t row_elems, cons
   return kv_append_seqs(t, one, false, row_elems, src, s);
 }
 
-Status kv_append_seqs(KvType t, const SeqRings &sq, bool v_rings, int64_t row_elems, const float *src, CudaStream s) {
+namespace {
+Status kv_append_launch(KvType t, const SeqRings &sq, int64_t row_elems, const float *k_src, const float *v_src,
+                        CudaStream s) {
   if (sq.n < 1 || sq.n > kMaxStepSeqs || sq.row0[0] != 0) return bad_arg("cuda::kv_append: bad sequence table");
   for (int i = 0; i < sq.n; ++i) {
     const int n = sq.row0[i + 1] - sq.row0[i];
-    GEIST_RETURN_IF_ERROR(check_ring(t, v_rings ? sq.v[i] : sq.k[i], sq.capacity[i], row_elems, "cuda::kv_append"));
+    if (k_src != nullptr) GEIST_RETURN_IF_ERROR(check_ring(t, sq.k[i], sq.capacity[i], row_elems, "cuda::kv_append"));
+    if (v_src != nullptr) GEIST_RETURN_IF_ERROR(check_ring(t, sq.v[i], sq.capacity[i], row_elems, "cuda::kv_append"));
     if (n < 1 || n > sq.capacity[i] || sq.pos0[i] == nullptr) {
       return bad_arg("cuda::kv_append: bad n_rows (must be <= capacity) or null pos0/src");
     }
   }
   const int n_rows = sq.row0[sq.n];
-  if (src == nullptr) return bad_arg("cuda::kv_append: bad n_rows (must be <= capacity) or null pos0/src");
-  const dim3 grid(unsigned(n_rows), unsigned((row_elems + 255) / 256));
+  if (k_src == nullptr && v_src == nullptr) {
+    return bad_arg("cuda::kv_append: bad n_rows (must be <= capacity) or null pos0/src");
+  }
+  const dim3 grid(unsigned(n_rows), unsigned((row_elems + 255) / 256), k_src != nullptr && v_src != nullptr ? 2u : 1u);
   const size_t rb = kv_row_bytes(t, row_elems);
   dispatch_kv(t, [&](auto tag) {
     constexpr KvType T = decltype(tag)::value;
-    launch(kv_append_kernel<T>, grid, 256, s, sq, v_rings, row_elems, rb, src);
+    launch(kv_append_kernel<T>, grid, 256, s, sq, row_elems, rb, k_src, v_src);
   });
   return launch_status("cuda::kv_append");
+}
+}  // namespace
+
+Status kv_append_seqs(KvType t, const SeqRings &sq, bool v_rings, int64_t row_elems, const float *src, CudaStream s) {
+  if (src == nullptr) return bad_arg("cuda::kv_append: bad n_rows (must be <= capacity) or null pos0/src");
+  return kv_append_launch(t, sq, row_elems, v_rings ? nullptr : src, v_rings ? src : nullptr, s);
+}
+
+Status kv_append_kv_seqs(KvType t, const SeqRings &sq, int64_t row_elems, const float *k_src, const float *v_src,
+                         CudaStream s) {
+  if (k_src == nullptr || v_src == nullptr) return bad_arg("cuda::kv_append_kv: null k or v rows");
+  return kv_append_launch(t, sq, row_elems, k_src, v_src, s);
 }
 
 Status kv_copy_positions(KvType t, const void *src_ring, int64_t src_capacity, void *dst_ring, int64_t dst_capacity,

@@ -466,6 +466,11 @@ class CudaExec final : public Exec {
       const int64_t rf = c.spec(l).row_floats;
       const KvType tk = c.type_k(), tv = c.type_v();
       const float *kp = k.rows_from(row_first).p, *vp = v.rows_from(row_first).p;
+      if (tk == tv) {
+        record("storing K and V rows", mix(h, key(5, kp, vp)),
+               [=, s = stream_] { return cuda::kv_append_kv_seqs(tk, t, rf, kp, vp, s); });
+        return;
+      }
       record("storing K rows", mix(h, key(5, kp)),
              [=, s = stream_] { return cuda::kv_append_seqs(tk, t, false, rf, kp, s); });
       record("storing V rows", mix(h, key(5, vp)),

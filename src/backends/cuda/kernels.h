@@ -280,6 +280,10 @@ struct SeqRings {
 // kv_append of rows [0, s.row0[s.n]) of src into each sequence's K rings (v_rings false)
 // or V rings (true).
 Status kv_append_seqs(KvType t, const SeqRings &s, bool v_rings, int64_t row_elems, const float *src, CudaStream st);
+// Both: k_src's rows into the K rings and v_src's into the V rings (one type for both), in
+// one launch; the same bytes as the two kv_append_seqs calls.
+Status kv_append_kv_seqs(KvType t, const SeqRings &s, int64_t row_elems, const float *k_src, const float *v_src,
+                         CudaStream st);
 // attention with the sequences' rings and positions (a's k, v, pos0, capacity are unused;
 // a.n_rows must be s.row0[s.n]).
 Status attention_seqs(const AttnArgs &a, const SeqRings &s, CudaStream st);
