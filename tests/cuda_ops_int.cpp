@@ -646,6 +646,95 @@ CUDA_TEST(CudaOps, RmsNormAddNormIsTheOpsInTurn) {
   EXPECT_FALSE(cu::rmsnorm_add_norm(nullptr, nullptr, nullptr, 1.0f, nullptr, nullptr, 1, 64, 1e-6f, s).is_ok());
 }
 
+// The producers that quantize what they write for the matmul after them give the bits of
+// the producer and then matmul_n (which quantizes x itself): gelu_mul_quantize and
+// rmsnorm_add_norm_quantize, then matmul_n_quantized, over the shapes the models run (the
+// 270M's 640-wide Q5_0 / Q8_0 q, k, v and 2048-wide Q6_K down, E4B-like Q4_K at 2560 and
+// 10240, the 64-thread norm at 512) and 1-64 rows.
+CUDA_TEST(CudaOps, QuantizingProducersThenMatmulSameBits) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(31);
+  cu::CudaStream s = cuda_env().s;
+  using G = GgmlType;
+  struct Case {
+    int64_t k;
+    std::vector<std::pair<G, int64_t>> mats;
+  };
+  const std::vector<Case> cases = {
+      {640, {{G::Q5_0, 1024}, {G::Q5_0, 256}, {G::Q8_0, 256}}},
+      {2048, {{G::Q6_K, 640}}},
+      {512, {{G::Q4_K, 96}, {G::Q4_K, 64}}},
+      {2560, {{G::Q4_K, 300}, {G::Q4_K, 300}}},
+      {10240, {{G::Q6_K, 256}}},
+  };
+  for (const Case &c : cases) {
+    for (int n_rows : {1, 3, 8, 9, 64}) {
+      const int64_t k = c.k;
+      const int n_mat = int(c.mats.size());
+      const std::string what = "K " + std::to_string(k) + " rows " + std::to_string(n_rows);
+      std::vector<std::unique_ptr<DevBuf>> dw, y_ref, y_got;
+      std::vector<cu::DevMatrix> ms;
+      std::vector<float *> yr, yg;
+      size_t scratch_bytes = 1;
+      for (auto [t, n_out] : c.mats) {
+        dw.push_back(std::make_unique<DevBuf>(random_matrix(t, k, n_out, rng)));
+        ms.push_back(dev_matrix(*dw.back(), t, k, n_out));
+        y_ref.push_back(std::make_unique<DevBuf>(size_t(n_rows) * n_out * 4));
+        y_got.push_back(std::make_unique<DevBuf>(size_t(n_rows) * n_out * 4));
+        yr.push_back(y_ref.back()->as<float>());
+        yg.push_back(y_got.back()->as<float>());
+        scratch_bytes = std::max(scratch_bytes, cu::matmul_scratch_bytes(ms.back(), n_rows));
+      }
+      const int act_block = cu::matmul_n_act_block(ms.data(), yg.data(), n_mat, n_rows);
+      ASSERT_EQ(act_block, ms[0].type == G::Q5_0 || ms[0].type == G::Q8_0 ? 32 : 256) << what;
+      DevBuf scratch(scratch_bytes);
+      auto same_y = [&](const char *op) {
+        for (int m = 0; m < n_mat; ++m) {
+          const size_t n = size_t(n_rows) * ms[size_t(m)].n_out;
+          ASSERT_TRUE(bits_equal(y_got[size_t(m)]->get<float>(n).data(), y_ref[size_t(m)]->get<float>(n).data(), n))
+              << op << ", " << what << ", matrix " << m;
+        }
+      };
+      // gelu_mul (out = gate, as the models call it), then the matmuls.
+      {
+        const std::vector<float> gate = randn(size_t(n_rows) * k, rng, 2.0f), up = randn(gate.size(), rng, 2.0f);
+        DevBuf g_ref(gate), g_got(gate), du(up);
+        CU_OK(cu::gelu_mul(g_ref.as<float>(), du.as<float>(), g_ref.as<float>(), int64_t(n_rows) * k, s));
+        CU_OK(cu::matmul_n(ms.data(), yr.data(), n_mat, g_ref.as<float>(), n_rows, cu::ActMode::Q8, scratch.as(), s));
+        CU_OK(cu::gelu_mul_quantize(g_got.as<float>(), du.as<float>(), g_got.as<float>(), n_rows, k, act_block,
+                                    scratch.as(), s));
+        CU_OK(cu::matmul_n_quantized(ms.data(), yg.data(), n_mat, n_rows, scratch.as(), s));
+        ASSERT_TRUE(bits_equal(g_got.get<float>(gate.size()).data(), g_ref.get<float>(gate.size()).data(),
+                               gate.size()))
+            << "gelu_mul values, " << what;
+        same_y("gelu_mul_quantize");
+      }
+      // rmsnorm_add_norm (the block's end and the next norm), then the matmuls.
+      if (k <= cu::kRmsNormAddNormMaxDim) {
+        const std::vector<float> x = randn(size_t(n_rows) * k, rng, 3.0f), g = randn(k, rng), gn = randn(k, rng),
+                                 h = randn(x.size(), rng, 5.0f);
+        DevBuf dg(g), dgn(gn), x_ref(x), h_ref(h), o_ref(x.size() * 4), x_got(x), h_got(h), o_got(x.size() * 4);
+        CU_OK(cu::rmsnorm_add_norm(x_ref.as<float>(), dg.as<float>(), h_ref.as<float>(), 0.75f, dgn.as<float>(),
+                                   o_ref.as<float>(), n_rows, k, 1e-6f, s));
+        CU_OK(cu::matmul_n(ms.data(), yr.data(), n_mat, o_ref.as<float>(), n_rows, cu::ActMode::Q8, scratch.as(), s));
+        CU_OK(cu::rmsnorm_add_norm_quantize(x_got.as<float>(), dg.as<float>(), h_got.as<float>(), 0.75f,
+                                            dgn.as<float>(), o_got.as<float>(), n_rows, k, 1e-6f, act_block,
+                                            scratch.as(), s));
+        CU_OK(cu::matmul_n_quantized(ms.data(), yg.data(), n_mat, n_rows, scratch.as(), s));
+        for (const auto &[got, ref] : {std::pair{&x_got, &x_ref}, {&h_got, &h_ref}, {&o_got, &o_ref}}) {
+          ASSERT_TRUE(bits_equal(got->get<float>(x.size()).data(), ref->get<float>(x.size()).data(), x.size()))
+              << "rmsnorm_add_norm values, " << what;
+        }
+        same_y("rmsnorm_add_norm_quantize");
+      }
+    }
+  }
+  EXPECT_FALSE(cu::gelu_mul_quantize(nullptr, nullptr, nullptr, 1, 256, 256, nullptr, s).is_ok());
+  EXPECT_FALSE(cu::rmsnorm_add_norm_quantize(nullptr, nullptr, nullptr, 1.0f, nullptr, nullptr, 1, 4096, 1e-6f, 256,
+                                             nullptr, s)
+                   .is_ok());
+}
+
 // head_norm_rope (Gemma's q/k/v norms and RoPE, one launch for up to three tensors) gives
 // the bits of rmsnorm per head then rope_neox on each tensor, for head dims 32..512 (and
 // 1024, where it runs those ops), with and without weights and rotation.

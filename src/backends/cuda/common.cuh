@@ -365,5 +365,74 @@ __device__ __forceinline__ int warp_sum_int(int v) {
   return v;
 }
 
+// tanh in double, rounded once: within an ulp of the true value (libm's tanhf is too).
+__device__ __forceinline__ float tanh_f(float u) { return float(tanh(double(u))); }
+
+// gelu_tanh(g) * u in the CPU generic's order: k * (g + ((0.044715 * g) * g) * g);
+// 0.5 * g * (1 + t) * u.
+__device__ __forceinline__ float gelu_times(float g, float u) {
+  const float k = 0.7978845608028654f;
+  const float cube = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g);
+  const float t = tanh_f(__fmul_rn(k, __fadd_rn(g, cube)));
+  return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, t)), u);
+}
+
+// The activation quantizers of Q8-mode matmuls (quant::quantize_row's arithmetic), one warp
+// per block. Q8_0: lane j holds element j of a 32-element block; writes q[j] and, lane 0,
+// *d.
+__device__ __forceinline__ void quant_q8_0_block(float v, int lane, int8_t *q, float *d) {
+  float amax = fmaxf(0.0f, fabsf(v));  // fmaxf ignores NaN, as the CPU's `ax > amax` does
+  for (int o = 16; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+  const float dd = __fdiv_rn(amax, 127.0f);
+  const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+  q[lane] = int8_t(round_even(__fmul_rn(v, id)));
+  if (lane == 0) *d = fp16_to_fp32(fp32_to_fp16(dd));
+}
+
+// Q8_K: lane j holds v[t] = element j + 32 t of a 256-element block; writes qb[0, 256) and,
+// lane 0, *d.
+__device__ __forceinline__ void quant_q8_k_block(const float (&v)[8], int lane, int8_t *qb, float *d) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int t = 0; t < 8; ++t) amax = fmaxf(amax, fabsf(v[t]));
+  for (int o = 16; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+  // The first element (lowest index) of largest magnitude.
+  int first = 256;
+#pragma unroll
+  for (int t = 7; t >= 0; --t) {
+    if (fabsf(v[t]) == amax) first = lane + 32 * t;
+  }
+  for (int o = 16; o >= 1; o /= 2) first = min(first, __shfl_xor_sync(0xFFFFFFFFu, first, o));
+  if (amax == 0.0f || first == 256) {  // first == 256 only if amax is 0 (all zero or NaN)
+#pragma unroll
+    for (int t = 0; t < 8; ++t) qb[lane + 32 * t] = 0;
+    if (lane == 0) *d = 0.0f;
+    return;
+  }
+  // Every lane computes the same mx from the same registers: v[first / 32] of lane first % 32.
+  float sel = 0.0f;
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    if (t == first / 32) sel = v[t];
+  }
+  const float mx = __shfl_sync(0xFFFFFFFFu, sel, first % 32);
+  const float iscale = __fdiv_rn(-127.0f, mx);
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    const int qv = round_even(__fmul_rn(iscale, v[t]));
+    qb[lane + 32 * t] = int8_t(qv < 127 ? qv : 127);
+  }
+  if (lane == 0) *d = __fdiv_rn(1.0f, iscale);
+}
+
 }  // namespace dev
+
+// Where a Q8-mode matmul's scratch holds the quantized activations of n_rows rows of K:
+// the quants [n_rows][K] from its start, the block scales [n_rows][K / block] from the next
+// 256-byte boundary (matmul_scratch_bytes).
+inline int8_t *act_quants(void *scratch) { return static_cast<int8_t *>(scratch); }
+inline float *act_scales(void *scratch, int n_rows, int64_t K) {
+  const size_t q = (size_t(n_rows) * size_t(K) + 255) / 256 * 256;
+  return reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + q);
+}
 }  // namespace geist::cuda

@@ -285,6 +285,7 @@ class CudaExec final : public Exec {
     error_ = reserve_error_;  // a buffer that never got memory fails every step
     outputs_.clear();
     ops_.clear();
+    producer_ = Producer{};
     step_hash_ = 0x6a09e667f3bcc908ull;
     n_rows_ = n_rows;
     seqs_.clear();
@@ -346,6 +347,7 @@ class CudaExec final : public Exec {
   Status end_step() override {
     if (error_.is_ok()) execute();
     ops_.clear();
+    producer_ = Producer{};
     if (!retired_.empty()) {
       (void)cuda::stream_sync(stream_);
       for (void *p : retired_) cuda::device_free(p);
@@ -389,10 +391,16 @@ class CudaExec final : public Exec {
       }
     }
     void *scratch = scratch_;
-    record("matmul", k, [=, s = stream_] {
-      return cuda::matmul_n(w.data(), y.data(), n_mat, x.p, n_rows, mode, scratch, s);
-    });
-    if (profile_) ops_.back().label = label;
+    if (mode == cuda::ActMode::Q8 && take_quantizing_producer(x, n_rows, w.data(), y.data(), n_mat, scratch)) {
+      record("matmul", mix(k, 1), [=, s = stream_] {
+        return cuda::matmul_n_quantized(w.data(), y.data(), n_mat, n_rows, scratch, s);
+      });
+    } else {
+      record("matmul", k, [=, s = stream_] {
+        return cuda::matmul_n(w.data(), y.data(), n_mat, x.p, n_rows, mode, scratch, s);
+      });
+    }
+    if (profile_ && !ops_.empty()) ops_.back().label = label;
   }
   void rmsnorm(Act x, const WeightView *g, int64_t n_vec, int64_t dim, float eps, Act out) override {
     const float *gp = g ? reinterpret_cast<const float *>(g->device) : nullptr;
@@ -409,9 +417,18 @@ class CudaExec final : public Exec {
     if (!fuse()) return Exec::rmsnorm_add_norm(x, g, h, h_scale, g_next, out, n_vec, dim, eps);
     const float *gp = g ? reinterpret_cast<const float *>(g->device) : nullptr;
     const float *np = g_next ? reinterpret_cast<const float *>(g_next->device) : nullptr;
+    const size_t before = ops_.size();
     record("rmsnorm_add_norm", key(14, x.p, gp, h.p, h_scale, np, out.p, n_vec, dim, eps), [=, s = stream_] {
       return cuda::rmsnorm_add_norm(x.p, gp, h.p, h_scale, np, out.p, n_vec, dim, eps, s);
     });
+    if (ops_.size() == before + 1 && out.p != nullptr && dim <= cuda::kRmsNormAddNormMaxDim && n_vec <= 65535) {
+      producer_ = {ops_.size(), out.p, n_vec, dim, [=, s = stream_](int act_block, void *scratch) {
+                     return [=] {
+                       return cuda::rmsnorm_add_norm_quantize(x.p, gp, h.p, h_scale, np, out.p, n_vec, dim, eps,
+                                                              act_block, scratch, s);
+                     };
+                   }};
+    }
   }
   void head_norm_rope(const HeadNorm *t, int n_t, int n_rows, int head_dim, float eps, Act cs) override {
     if (!fuse()) return Exec::head_norm_rope(t, n_t, n_rows, head_dim, eps, cs);
@@ -525,8 +542,18 @@ class CudaExec final : public Exec {
     });
   }
   void gelu_mul(Act gate, Act up, Act out, int64_t n) override {
+    const size_t before = ops_.size();
     record("gelu_mul", key(7, gate.p, up.p, out.p, n),
            [=, s = stream_] { return cuda::gelu_mul(gate.p, up.p, out.p, n, s); });
+    if (ops_.size() == before + 1 && out.width > 0 && n % out.width == 0 && n / out.width <= 65535) {
+      const int rows = int(n / out.width);
+      const int64_t width = out.width;
+      producer_ = {ops_.size(), out.p, rows, width, [=, s = stream_](int act_block, void *scratch) {
+                     return [=] {
+                       return cuda::gelu_mul_quantize(gate.p, up.p, out.p, rows, width, act_block, scratch, s);
+                     };
+                   }};
+    }
   }
   void gelu_mul_cols(Act gate, Act src, int64_t col0, Act tmp, int n_rows) override {
     if (!fuse()) return Exec::gelu_mul_cols(gate, src, col0, tmp, n_rows);
@@ -624,6 +651,42 @@ class CudaExec final : public Exec {
     std::string label;  // GEIST_PROFILE's name (matmuls: type and shape)
     std::function<Status()> f;
   };
+  // The last recorded op, where it is one that can also quantize what it writes for the
+  // matmul after it (gelu_mul, rmsnorm_add_norm): the rows it writes, and how to make the
+  // op that does both. ops = ops_.size() just after it was recorded.
+  struct Producer {
+    size_t ops = 0;
+    const float *out = nullptr;
+    int64_t rows = 0, width = 0;
+    std::function<std::function<Status()>(int act_block, void *scratch)> make;
+  };
+  Producer producer_;
+
+  // GEIST_CUDA_FUSE_QUANT=0 (or GEIST_CUDA_FUSE=0): every matmul quantizes its own x.
+  static bool fuse_quant() {
+    static const bool v = [] {
+      const char *e = std::getenv("GEIST_CUDA_FUSE_QUANT");
+      return e == nullptr || std::strcmp(e, "0") != 0;
+    }();
+    return v && fuse();
+  }
+  // Where the op just recorded wrote x (all n_rows rows of the matrices' K) and the matrices
+  // share one quantization of x: that op is replaced by its quantizing form, writing into
+  // scratch, and true is returned (the matmul then runs on the scratch). The same bits.
+  bool take_quantizing_producer(Act x, int n_rows, const cuda::DevMatrix *w, float *const *y, int n_mat,
+                                void *scratch) {
+    if (!fuse_quant() || !error_.is_ok() || !producer_.make || producer_.ops != ops_.size() || ops_.empty() ||
+        producer_.out != x.p || producer_.rows != n_rows || producer_.width != w[0].n_in || scratch == nullptr) {
+      return false;
+    }
+    const int act_block = cuda::matmul_n_act_block(w, y, n_mat, n_rows);
+    if (act_block == 0 || producer_.width % act_block != 0) return false;
+    ops_.back().f = producer_.make(act_block, scratch);
+    ops_.back().what = ops_.back().what == std::string("gelu_mul") ? "gelu_mul+quantize" : "rmsnorm_add_norm+quantize";
+    step_hash_ = mix(step_hash_, uint64_t(act_block));
+    producer_ = Producer{};
+    return true;
+  }
   static uint64_t mix(uint64_t h, uint64_t v) {
     v *= 0x9E3779B97F4A7C15ull;
     v ^= v >> 32;

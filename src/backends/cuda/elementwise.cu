@@ -111,10 +111,15 @@ __global__ void __launch_bounds__(kThreads)
 // norms (the same dim, so the same threads hold the same elements): x = rmsnorm(x) g, h +=
 // x, h *= s (when s != 1), out = rmsnorm(h) gn (when out is set). Each value is the one the
 // separate kernels compute, by the same operations in the same order.
-template <int kThreads, int kPer>
+// With kQuant, out's row is also quantized for the matmul that takes it (act_block 32 or
+// 256, dim a multiple of it): through shared memory, one warp per block, with the
+// quantizers of matmul.cu (dev::quant_q8_0_block / quant_q8_k_block) into oq [rows][dim]
+// and od [rows][dim / act_block].
+template <int kThreads, int kPer, bool kQuant = false>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_add_norm_kernel(float *x, const float *__restrict__ g, float *h, float s, const float *__restrict__ gn,
-                            float *out, int64_t dim, float eps) {
+                            float *out, int64_t dim, float eps, int8_t *__restrict__ oq, float *__restrict__ od,
+                            int act_block) {
   dev::pdl_start();
   __shared__ double part[kThreads / 32];
   __shared__ float r_sh;
@@ -149,6 +154,30 @@ __global__ void __launch_bounds__(kThreads)
       float v = __fmul_rn(hr[j], r2);
       if (gn) v = __fmul_rn(v, nr[j]);
       ov[i] = v;
+      if constexpr (kQuant) nr[j] = v;
+    }
+  }
+  if constexpr (kQuant) {
+    __shared__ float o_sh[kThreads * kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = threadIdx.x + j * kThreads;
+      if (i < dim) o_sh[i] = nr[j];
+    }
+    __syncthreads();
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int nb = int(dim / act_block);
+    int8_t *qrow = oq + size_t(blockIdx.x) * dim;
+    float *drow = od + size_t(blockIdx.x) * nb;
+    for (int b = warp; b < nb; b += kThreads / 32) {
+      if (act_block == 32) {
+        dev::quant_q8_0_block(o_sh[32 * b + lane], lane, qrow + 32 * b, drow + b);
+      } else {
+        float v[8];
+#pragma unroll
+        for (int t = 0; t < 8; ++t) v[t] = o_sh[256 * b + lane + 32 * t];
+        dev::quant_q8_k_block(v, lane, qrow + 256 * b, drow + b);
+      }
     }
   }
 }
@@ -232,17 +261,8 @@ __global__ void rope_neox_kernel(float *x, int n_rows, int n_heads, int head_dim
   v[i + half] = __fadd_rn(__fmul_rn(x1, co), __fmul_rn(x0, si));
 }
 
-// tanh in double, rounded once: within an ulp of the true value (libm's tanhf is too).
-__device__ __forceinline__ float tanh_f(float u) { return float(tanh(double(u))); }
-
-// gelu_tanh(g) * u in the CPU generic's order: k * (g + ((0.044715 * g) * g) * g);
-// 0.5 * g * (1 + t) * u.
-__device__ __forceinline__ float gelu_times(float g, float u) {
-  const float k = 0.7978845608028654f;
-  const float cube = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, g), g), g);
-  const float t = tanh_f(__fmul_rn(k, __fadd_rn(g, cube)));
-  return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, t)), u);
-}
+using dev::gelu_times;
+using dev::tanh_f;
 
 __global__ void gelu_mul_kernel(const float *__restrict__ gate, const float *__restrict__ up, float *out, int64_t n) {
   dev::pdl_start();
@@ -322,9 +342,11 @@ Status rmsnorm_add_norm(float *x, const float *g, float *h, float h_scale, const
   // One launch where rmsnorm_add keeps a thread's elements in registers (dim <= 3072); the
   // separate ops otherwise. Both run the trees of rmsnorm for this dim.
   if (dim <= 512) {
-    launch(rmsnorm_add_norm_kernel<64, 8>, unsigned(n_vec), 64, s, x, g, h, h_scale, g_next, out, dim, eps);
-  } else if (dim <= 256 * 12) {
-    launch(rmsnorm_add_norm_kernel<256, 12>, unsigned(n_vec), 256, s, x, g, h, h_scale, g_next, out, dim, eps);
+    launch(rmsnorm_add_norm_kernel<64, 8>, unsigned(n_vec), 64, s, x, g, h, h_scale, g_next, out, dim, eps,
+           static_cast<int8_t *>(nullptr), static_cast<float *>(nullptr), 0);
+  } else if (dim <= kRmsNormAddNormMaxDim) {
+    launch(rmsnorm_add_norm_kernel<256, 12>, unsigned(n_vec), 256, s, x, g, h, h_scale, g_next, out, dim, eps,
+           static_cast<int8_t *>(nullptr), static_cast<float *>(nullptr), 0);
   } else {
     GEIST_RETURN_IF_ERROR(rmsnorm_add(x, g, x, h, n_vec, dim, eps, s));
     if (h_scale != 1.0f) GEIST_RETURN_IF_ERROR(scale_inplace(h, h_scale, n_vec * dim, s));
@@ -332,6 +354,25 @@ Status rmsnorm_add_norm(float *x, const float *g, float *h, float h_scale, const
     return Status::ok();
   }
   return launch_status("cuda::rmsnorm_add_norm");
+}
+
+Status rmsnorm_add_norm_quantize(float *x, const float *g, float *h, float h_scale, const float *g_next, float *out,
+                                 int64_t n_vec, int64_t dim, float eps, int act_block, void *scratch, CudaStream s) {
+  if (n_vec < 0 || n_vec > 65535 || dim <= 0 || dim > kRmsNormAddNormMaxDim || x == nullptr || h == nullptr ||
+      out == nullptr || scratch == nullptr || (act_block != 32 && act_block != 256) || dim % act_block != 0) {
+    return bad_arg("cuda::rmsnorm_add_norm_quantize: bad shape or null pointers");
+  }
+  if (n_vec == 0) return Status::ok();
+  int8_t *oq = act_quants(scratch);
+  float *od = act_scales(scratch, int(n_vec), dim);
+  if (dim <= 512) {
+    launch(rmsnorm_add_norm_kernel<64, 8, true>, unsigned(n_vec), 64, s, x, g, h, h_scale, g_next, out, dim, eps, oq,
+           od, act_block);
+  } else {
+    launch(rmsnorm_add_norm_kernel<256, 12, true>, unsigned(n_vec), 256, s, x, g, h, h_scale, g_next, out, dim, eps,
+           oq, od, act_block);
+  }
+  return launch_status("cuda::rmsnorm_add_norm_quantize");
 }
 
 Status head_norm_rope(const HeadNormSet &t, int n_rows, int head_dim, float eps, const float *cs, CudaStream s) {

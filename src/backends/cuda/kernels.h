@@ -133,6 +133,19 @@ Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode 
 Status matmul_n(const DevMatrix *ws, float *const *ys, int n_mat, const float *x, int n_rows, ActMode mode,
                 void *scratch, CudaStream s);
 
+// Producers that quantize what they write (one launch less per matmul). When
+// matmul_n_act_block(ws, ys, n_mat, n_rows) is 32 or 256 (Q8 mode: every matrix takes that
+// activation format with one K, and not the reference kernels; 0 otherwise), matmul_n over
+// them quantizes x once, and a kernel that produces x may write that quantization into the
+// matmul scratch itself; matmul_n_quantized then runs the matrices on it. The same bits as
+// the producer followed by matmul_n.
+int matmul_n_act_block(const DevMatrix *ws, float *const *ys, int n_mat, int n_rows);
+Status matmul_n_quantized(const DevMatrix *ws, float *const *ys, int n_mat, int n_rows, void *scratch, CudaStream s);
+// gelu_mul over n_rows rows of K, and those rows quantized into scratch (act_block 32 or
+// 256; scratch: matmul_scratch_bytes of a matrix of K with n_rows).
+Status gelu_mul_quantize(const float *gate, const float *up, float *out, int n_rows, int64_t K, int act_block,
+                         void *scratch, CudaStream s);
+
 // out[r] = dequant(table row ids[r]) * scale; an id outside [0, table.n_out) gives a zero row
 // (Gemma 4's per-layer embeddings). ids: [n] int32 (device), out: [n][table.n_in]; n <= 65535.
 // Bits: cpu::embedding_gather's.
@@ -156,6 +169,12 @@ Status rmsnorm_add(const float *x, const float *g, float *out, float *h, int64_t
 // bits as rmsnorm_add, scale_inplace and rmsnorm in turn. x, h, out: [n_vec][dim], distinct.
 Status rmsnorm_add_norm(float *x, const float *g, float *h, float h_scale, const float *g_next, float *out,
                         int64_t n_vec, int64_t dim, float eps, CudaStream s);
+constexpr int64_t kRmsNormAddNormMaxDim = 3072;
+// rmsnorm_add_norm with out set (dim <= kRmsNormAddNormMaxDim, n_vec <= 65535), and out's
+// rows quantized into a matmul scratch for matmul_n_quantized (act_block 32 or 256 dividing
+// dim); the same bits as rmsnorm_add_norm and then matmul_n's quantization of out.
+Status rmsnorm_add_norm_quantize(float *x, const float *g, float *h, float h_scale, const float *g_next, float *out,
+                                 int64_t n_vec, int64_t dim, float eps, int act_block, void *scratch, CudaStream s);
 
 // Per-head RMSNorm, then NEOX RoPE over the whole head, in place, for up to three tensors
 // of one step in one launch (Gemma's q, k and v norms): tensor i is x[i] [n_rows][n_heads[i]]

@@ -57,64 +57,50 @@ bool type_geom(GgmlType t, TypeGeom *g) {
 
 // ---- activation quantizers: x [n_rows][K] -> q [n_rows][K] int8, d [n_rows][K / block] ----
 
+// What the quantizers read: x itself, or gelu_tanh(gate) * up (gelu_mul's values, which
+// they also store to out: out may be gate).
+struct LoadSrc {
+  const float *x;
+  __device__ float operator()(size_t i) const { return x[i]; }
+};
+struct GeluSrc {
+  const float *gate;
+  const float *up;
+  float *out;
+  __device__ float operator()(size_t i) const {
+    const float v = dev::gelu_times(gate[i], up[i]);
+    out[i] = v;
+    return v;
+  }
+};
+
 // One warp per 32-element block; lane j holds element j.
-__global__ void quantize_q8_0_kernel(const float *__restrict__ x, int64_t K, int n_rows, int8_t *__restrict__ q,
-                                     float *__restrict__ d) {
+template <class Src>
+__global__ void quantize_q8_0_kernel(Src src, int64_t K, int n_rows, int8_t *__restrict__ q, float *__restrict__ d) {
   dev::pdl_start();
   const int lane = threadIdx.x % 32;
   const int64_t nb = K / 32;
   const int64_t blk = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int r = blockIdx.y;
   if (blk >= nb || r >= n_rows) return;  // whole warps exit together
-  const float v = x[size_t(r) * K + blk * 32 + lane];
-  float amax = fmaxf(0.0f, fabsf(v));  // fmaxf ignores NaN, as the CPU's `ax > amax` does
-  for (int o = 16; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
-  const float dd = __fdiv_rn(amax, 127.0f);
-  const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-  q[size_t(r) * K + blk * 32 + lane] = int8_t(dev::round_even(__fmul_rn(v, id)));
-  if (lane == 0) d[size_t(r) * nb + blk] = dev::fp16_to_fp32(dev::fp32_to_fp16(dd));
+  const size_t i0 = size_t(r) * K + blk * 32;
+  dev::quant_q8_0_block(src(i0 + lane), lane, q + i0, d + size_t(r) * nb + blk);
 }
 
 // One warp per 256-element block; lane j holds elements j + 32 t, t = 0..7.
-__global__ void quantize_q8_k_kernel(const float *__restrict__ x, int64_t K, int n_rows, int8_t *__restrict__ q,
-                                     float *__restrict__ d) {
+template <class Src>
+__global__ void quantize_q8_k_kernel(Src src, int64_t K, int n_rows, int8_t *__restrict__ q, float *__restrict__ d) {
   dev::pdl_start();
   const int lane = threadIdx.x % 32;
   const int64_t nb = K / 256;
   const int64_t blk = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int r = blockIdx.y;
   if (blk >= nb || r >= n_rows) return;
-  const float *xb = x + size_t(r) * K + blk * 256;
+  const size_t i0 = size_t(r) * K + blk * 256;
   float v[8];
-  float amax = 0.0f;
 #pragma unroll
-  for (int t = 0; t < 8; ++t) {
-    v[t] = xb[lane + 32 * t];
-    amax = fmaxf(amax, fabsf(v[t]));
-  }
-  for (int o = 16; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
-  // The first element (lowest index) of largest magnitude.
-  int first = 256;
-#pragma unroll
-  for (int t = 7; t >= 0; --t) {
-    if (fabsf(v[t]) == amax) first = lane + 32 * t;
-  }
-  for (int o = 16; o >= 1; o /= 2) first = min(first, __shfl_xor_sync(kFull, first, o));
-  int8_t *qb = q + size_t(r) * K + blk * 256;
-  if (amax == 0.0f || first == 256) {  // first == 256 only if amax is 0 (all zero or NaN)
-#pragma unroll
-    for (int t = 0; t < 8; ++t) qb[lane + 32 * t] = 0;
-    if (lane == 0) d[size_t(r) * nb + blk] = 0.0f;
-    return;
-  }
-  const float mx = __shfl_sync(kFull, v[first / 32], first % 32);
-  const float iscale = __fdiv_rn(-127.0f, mx);
-#pragma unroll
-  for (int t = 0; t < 8; ++t) {
-    const int qv = dev::round_even(__fmul_rn(iscale, v[t]));
-    qb[lane + 32 * t] = int8_t(qv < 127 ? qv : 127);
-  }
-  if (lane == 0) d[size_t(r) * nb + blk] = __fdiv_rn(1.0f, iscale);
+  for (int t = 0; t < 8; ++t) v[t] = src(i0 + lane + 32 * t);
+  dev::quant_q8_k_block(v, lane, q + i0, d + size_t(r) * nb + blk);
 }
 
 // ---- Q8 matmul --------------------------------------------------------------------------------
@@ -648,16 +634,19 @@ struct QuantizedActs {
   int8_t *q;
   float *d;
 };
-QuantizedActs quantize_acts(const float *x, int64_t K, int n_rows, int act_block, void *scratch, CudaStream s) {
-  QuantizedActs a{static_cast<int8_t *>(scratch),
-                  reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + align_up(size_t(n_rows) * K, 256))};
+template <class Src>
+QuantizedActs quantize_acts(Src src, int64_t K, int n_rows, int act_block, void *scratch, CudaStream s) {
+  QuantizedActs a{act_quants(scratch), act_scales(scratch, n_rows, K)};
   const dim3 grid(unsigned((K / act_block + 3) / 4), unsigned(n_rows));
   if (act_block == 32) {
-    launch(quantize_q8_0_kernel, grid, 128, s, x, K, n_rows, a.q, a.d);
+    launch(quantize_q8_0_kernel<Src>, grid, 128, s, src, K, n_rows, a.q, a.d);
   } else {
-    launch(quantize_q8_k_kernel, grid, 128, s, x, K, n_rows, a.q, a.d);
+    launch(quantize_q8_k_kernel<Src>, grid, 128, s, src, K, n_rows, a.q, a.d);
   }
   return a;
+}
+QuantizedActs quantize_acts(const float *x, int64_t K, int n_rows, int act_block, void *scratch, CudaStream s) {
+  return quantize_acts(LoadSrc{x}, K, n_rows, act_block, scratch, s);
 }
 
 Status check_matrix(const DevMatrix &w, const char *op) {
@@ -813,31 +802,34 @@ Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode 
   return matmul_quantized(w, qa, y, n_rows, s);
 }
 
-Status matmul_n(const DevMatrix *ws, float *const *ys, int n_mat, const float *x, int n_rows, ActMode mode,
-                void *scratch, CudaStream s) {
-  if (n_mat < 0 || (n_mat > 0 && (ws == nullptr || ys == nullptr))) return bad_arg("cuda::matmul_n: bad matrix list");
-  // One quantization of x for every matrix, when they all take the same activation format
-  // (Q8_0 or Q8_K) and K: the quantized rows depend on x alone, so the bits are the same as
-  // quantizing per matrix. Then one launch per run of same-type matrices where the kernel
-  // takes sets (the K-quants up to 8 rows, the Q4_0/Q5_0/Q8_0 matrix-vector kernel), one per
-  // matrix elsewhere.
+namespace {
+// Whether ws (n_mat >= 1) can run on one quantization of x: Q8 mode, one activation format
+// and K for all, not the reference kernels. act_block: that format's block.
+bool shares_quantization(const DevMatrix *ws, float *const *ys, int n_mat, int n_rows, int *act_block) {
   TypeGeom tg0;
-  bool grouped = mode == ActMode::Q8 && n_mat > 1 && n_rows >= 1 && n_rows <= 65535 && !reference_kernels() &&
-                 scratch != nullptr && x != nullptr && type_geom(ws[0].type, &tg0) && tg0.act_block != 0;
-  for (int m = 0; grouped && m < n_mat; ++m) {
+  if (n_mat < 1 || ws == nullptr || ys == nullptr || n_rows < 1 || n_rows > 65535 || reference_kernels() ||
+      !type_geom(ws[0].type, &tg0) || tg0.act_block == 0) {
+    return false;
+  }
+  // GEIST_CUDA_GROUP_ALL=0: only K-quants up to 8 rows share (as before 2026-12-05), to compare.
+  static const bool all = env_int("GEIST_CUDA_GROUP_ALL", 1) != 0;
+  for (int m = 0; m < n_mat; ++m) {
     TypeGeom tg;
-    grouped = check_matrix(ws[m], "cuda::matmul_n").is_ok() && type_geom(ws[m].type, &tg) &&
-              tg.act_block == tg0.act_block && ws[m].n_in == ws[0].n_in && ys[m] != nullptr;
-    // GEIST_CUDA_GROUP_ALL=0: only K-quants up to 8 rows share (as before 2026-12-05), to compare.
-    static const bool all = env_int("GEIST_CUDA_GROUP_ALL", 1) != 0;
-    if (!all) grouped = grouped && kquant_fast_path(ws[m].type) && n_rows <= 8;
+    if (!check_matrix(ws[m], "cuda::matmul_n").is_ok() || !type_geom(ws[m].type, &tg) ||
+        tg.act_block != tg0.act_block || ws[m].n_in != ws[0].n_in || ys[m] == nullptr) {
+      return false;
+    }
+    if (!all && (!kquant_fast_path(ws[m].type) || n_rows > 8)) return false;
   }
-  if (!grouped) {
-    for (int m = 0; m < n_mat; ++m) GEIST_RETURN_IF_ERROR(matmul(ws[m], x, ys[m], n_rows, mode, scratch, s));
-    return Status::ok();
-  }
-  const QuantizedActs qa = quantize_acts(x, ws[0].n_in, n_rows, tg0.act_block, scratch, s);
-  GEIST_RETURN_IF_ERROR(launch_status("cuda::matmul_n (quantize activations)"));
+  *act_block = tg0.act_block;
+  return true;
+}
+
+// The matrices on one quantization of their x: one launch per run of same-type matrices
+// where the kernel takes sets (the K-quants up to 8 rows, the Q4_0/Q5_0/Q8_0 matrix-vector
+// kernel), one per matrix elsewhere.
+Status matmul_n_on(const DevMatrix *ws, float *const *ys, int n_mat, const QuantizedActs &qa, int n_rows,
+                   CudaStream s) {
   for (int m0 = 0; m0 < n_mat;) {
     int m1 = m0 + 1;
     while (m1 < n_mat && ws[m1].type == ws[m0].type) ++m1;
@@ -857,6 +849,49 @@ Status matmul_n(const DevMatrix *ws, float *const *ys, int n_mat, const float *x
     m0 = m1;
   }
   return Status::ok();
+}
+}  // namespace
+
+Status matmul_n(const DevMatrix *ws, float *const *ys, int n_mat, const float *x, int n_rows, ActMode mode,
+                void *scratch, CudaStream s) {
+  if (n_mat < 0 || (n_mat > 0 && (ws == nullptr || ys == nullptr))) return bad_arg("cuda::matmul_n: bad matrix list");
+  // One quantization of x for every matrix, when they all take the same activation format
+  // (Q8_0 or Q8_K) and K: the quantized rows depend on x alone, so the bits are the same as
+  // quantizing per matrix.
+  int act_block = 0;
+  if (mode != ActMode::Q8 || n_mat < 2 || scratch == nullptr || x == nullptr ||
+      !shares_quantization(ws, ys, n_mat, n_rows, &act_block)) {
+    for (int m = 0; m < n_mat; ++m) GEIST_RETURN_IF_ERROR(matmul(ws[m], x, ys[m], n_rows, mode, scratch, s));
+    return Status::ok();
+  }
+  const QuantizedActs qa = quantize_acts(x, ws[0].n_in, n_rows, act_block, scratch, s);
+  GEIST_RETURN_IF_ERROR(launch_status("cuda::matmul_n (quantize activations)"));
+  return matmul_n_on(ws, ys, n_mat, qa, n_rows, s);
+}
+
+int matmul_n_act_block(const DevMatrix *ws, float *const *ys, int n_mat, int n_rows) {
+  int act_block = 0;
+  return shares_quantization(ws, ys, n_mat, n_rows, &act_block) ? act_block : 0;
+}
+
+Status matmul_n_quantized(const DevMatrix *ws, float *const *ys, int n_mat, int n_rows, void *scratch, CudaStream s) {
+  int act_block = 0;
+  if (scratch == nullptr || !shares_quantization(ws, ys, n_mat, n_rows, &act_block)) {
+    return bad_arg("cuda::matmul_n_quantized: matrices that do not share one quantization, or no scratch");
+  }
+  const QuantizedActs qa{act_quants(scratch), act_scales(scratch, n_rows, ws[0].n_in)};
+  return matmul_n_on(ws, ys, n_mat, qa, n_rows, s);
+}
+
+Status gelu_mul_quantize(const float *gate, const float *up, float *out, int n_rows, int64_t K, int act_block,
+                         void *scratch, CudaStream s) {
+  if (gate == nullptr || up == nullptr || out == nullptr || scratch == nullptr || n_rows < 0 || n_rows > 65535 ||
+      K <= 0 || (act_block != 32 && act_block != 256) || K % act_block != 0) {
+    return bad_arg("cuda::gelu_mul_quantize: bad arguments");
+  }
+  if (n_rows == 0) return Status::ok();
+  (void)quantize_acts(GeluSrc{gate, up, out}, K, n_rows, act_block, scratch, s);
+  return launch_status("cuda::gelu_mul_quantize");
 }
 
 Status embed(const DevMatrix &table, const int32_t *ids, int n, float scale, float *out, CudaStream s) {
