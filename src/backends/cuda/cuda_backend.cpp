@@ -483,7 +483,7 @@ class CudaExec final : public Exec {
       const int64_t rf = c.spec(l).row_floats;
       const KvType tk = c.type_k(), tv = c.type_v();
       const float *kp = k.rows_from(row_first).p, *vp = v.rows_from(row_first).p;
-      if (tk == tv) {
+      if (tk == tv && kv_pair()) {
         record("storing K and V rows", mix(h, key(5, kp, vp)),
                [=, s = stream_] { return cuda::kv_append_kv_seqs(tk, t, rf, kp, vp, s); });
         return;
@@ -592,6 +592,14 @@ class CudaExec final : public Exec {
     static const bool v = [] {
       const char *e = std::getenv("GEIST_CUDA_ATTN_MERGE");
       return e != nullptr && std::strcmp(e, "1") == 0;
+    }();
+    return v;
+  }
+  // GEIST_CUDA_KV_PAIR=0: K and V rows stored by two launches even where the types match.
+  static bool kv_pair() {
+    static const bool v = [] {
+      const char *e = std::getenv("GEIST_CUDA_KV_PAIR");
+      return e == nullptr || std::strcmp(e, "0") != 0;
     }();
     return v;
   }
