@@ -595,11 +595,12 @@ class CudaExec final : public Exec {
     }();
     return v;
   }
-  // GEIST_CUDA_KV_PAIR=0: K and V rows stored by two launches even where the types match.
+  // GEIST_CUDA_KV_PAIR=1: K and V rows stored by one launch where the types match (written
+  // while no device was lent: off until CudaOps.KvAppendKAndVInOneLaunch has run on one).
   static bool kv_pair() {
     static const bool v = [] {
       const char *e = std::getenv("GEIST_CUDA_KV_PAIR");
-      return e == nullptr || std::strcmp(e, "0") != 0;
+      return e != nullptr && std::strcmp(e, "1") == 0;
     }();
     return v;
   }
@@ -670,11 +671,14 @@ class CudaExec final : public Exec {
   };
   Producer producer_;
 
-  // GEIST_CUDA_FUSE_QUANT=0 (or GEIST_CUDA_FUSE=0): every matmul quantizes its own x.
+  // GEIST_CUDA_FUSE_QUANT=1 (and GEIST_CUDA_FUSE not 0): producers quantize for the matmul
+  // after them (written while no device was lent: off until
+  // CudaOps.QuantizingProducersThenMatmulSameBits has run on one); else every matmul
+  // quantizes its own x.
   static bool fuse_quant() {
     static const bool v = [] {
       const char *e = std::getenv("GEIST_CUDA_FUSE_QUANT");
-      return e == nullptr || std::strcmp(e, "0") != 0;
+      return e != nullptr && std::strcmp(e, "1") == 0;
     }();
     return v && fuse();
   }

@@ -805,14 +805,13 @@ Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode 
 namespace {
 // Whether ws (n_mat >= 1) can run on one quantization of x: Q8 mode, one activation format
 // and K for all, not the reference kernels. act_block: that format's block.
-bool shares_quantization(const DevMatrix *ws, float *const *ys, int n_mat, int n_rows, int *act_block) {
+// all false: only K-quants up to 8 rows (matmul_n's grouping unless GEIST_CUDA_GROUP_ALL=1).
+bool shares_quantization(const DevMatrix *ws, float *const *ys, int n_mat, int n_rows, bool all, int *act_block) {
   TypeGeom tg0;
   if (n_mat < 1 || ws == nullptr || ys == nullptr || n_rows < 1 || n_rows > 65535 || reference_kernels() ||
       !type_geom(ws[0].type, &tg0) || tg0.act_block == 0) {
     return false;
   }
-  // GEIST_CUDA_GROUP_ALL=0: only K-quants up to 8 rows share (as before 2026-12-05), to compare.
-  static const bool all = env_int("GEIST_CUDA_GROUP_ALL", 1) != 0;
   for (int m = 0; m < n_mat; ++m) {
     TypeGeom tg;
     if (!check_matrix(ws[m], "cuda::matmul_n").is_ok() || !type_geom(ws[m].type, &tg) ||
@@ -858,9 +857,13 @@ Status matmul_n(const DevMatrix *ws, float *const *ys, int n_mat, const float *x
   // One quantization of x for every matrix, when they all take the same activation format
   // (Q8_0 or Q8_K) and K: the quantized rows depend on x alone, so the bits are the same as
   // quantizing per matrix.
+  // GEIST_CUDA_GROUP_ALL=1: every type shares (written while no device was lent: off until
+  // CudaOps.MatmulNMixedTypesBitExact has run on one); 0, the default: only K-quants up to 8
+  // rows share, as before.
+  static const bool all = env_int("GEIST_CUDA_GROUP_ALL", 0) != 0;
   int act_block = 0;
   if (mode != ActMode::Q8 || n_mat < 2 || scratch == nullptr || x == nullptr ||
-      !shares_quantization(ws, ys, n_mat, n_rows, &act_block)) {
+      !shares_quantization(ws, ys, n_mat, n_rows, all, &act_block)) {
     for (int m = 0; m < n_mat; ++m) GEIST_RETURN_IF_ERROR(matmul(ws[m], x, ys[m], n_rows, mode, scratch, s));
     return Status::ok();
   }
@@ -871,12 +874,12 @@ Status matmul_n(const DevMatrix *ws, float *const *ys, int n_mat, const float *x
 
 int matmul_n_act_block(const DevMatrix *ws, float *const *ys, int n_mat, int n_rows) {
   int act_block = 0;
-  return shares_quantization(ws, ys, n_mat, n_rows, &act_block) ? act_block : 0;
+  return shares_quantization(ws, ys, n_mat, n_rows, true, &act_block) ? act_block : 0;
 }
 
 Status matmul_n_quantized(const DevMatrix *ws, float *const *ys, int n_mat, int n_rows, void *scratch, CudaStream s) {
   int act_block = 0;
-  if (scratch == nullptr || !shares_quantization(ws, ys, n_mat, n_rows, &act_block)) {
+  if (scratch == nullptr || !shares_quantization(ws, ys, n_mat, n_rows, true, &act_block)) {
     return bad_arg("cuda::matmul_n_quantized: matrices that do not share one quantization, or no scratch");
   }
   const QuantizedActs qa{act_quants(scratch), act_scales(scratch, n_rows, ws[0].n_in)};
