@@ -721,9 +721,10 @@ CUDA_TEST(CudaOps, QuantizingProducersThenMatmulSameBits) {
                                             dgn.as<float>(), o_got.as<float>(), n_rows, k, 1e-6f, act_block,
                                             scratch.as(), s));
         CU_OK(cu::matmul_n_quantized(ms.data(), yg.data(), n_mat, n_rows, scratch.as(), s));
-        for (const auto &[got, ref] : {std::pair{&x_got, &x_ref}, {&h_got, &h_ref}, {&o_got, &o_ref}}) {
-          ASSERT_TRUE(bits_equal(got->get<float>(x.size()).data(), ref->get<float>(x.size()).data(), x.size()))
-              << "rmsnorm_add_norm values, " << what;
+        const DevBuf *got[3] = {&x_got, &h_got, &o_got}, *ref[3] = {&x_ref, &h_ref, &o_ref};
+        for (int i = 0; i < 3; ++i) {
+          const std::vector<float> a = got[i]->get<float>(x.size()), b = ref[i]->get<float>(x.size());
+          ASSERT_TRUE(bits_equal(a.data(), b.data(), x.size())) << "rmsnorm_add_norm values " << i << ", " << what;
         }
         same_y("rmsnorm_add_norm_quantize");
       }
