@@ -998,6 +998,105 @@ CUDA_TEST(CudaOps, KvAppendKAndVInOneLaunch) {
   }
 }
 
+// head_norm_rope_store (the K/V stores fused into the head norms and RoPE) against
+// head_norm_rope and then kv_append_seqs for K and V: memcmp of the tensors and of every ring,
+// Gemma 3's layout (v stored, not normalized) and Gemma 4's (v normalized without a weight),
+// one and two sequences (the second's ring wraps), every KV type.
+CUDA_TEST(CudaOps, HeadNormRopeStoreIsOpsThenAppend) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(29);
+  cu::CudaStream s = cuda_env().s;
+  for (KvType t : kKvTypes) {
+    for (int head_dim : {64, 256, 512}) {
+      for (bool gemma4 : {false, true}) {
+        for (int n_seq : {1, 2}) {
+          SCOPED_TRACE(std::string(kv_type_name(t)) + " hd " + std::to_string(head_dim) + (gemma4 ? " gemma4" : " gemma3") +
+                       " seqs " + std::to_string(n_seq));
+          const int heads[3] = {8, 2, 2};
+          const int64_t re = int64_t(heads[1]) * head_dim;
+          const size_t rb = kv_row_bytes(t, re);
+          const int64_t caps[2] = {6, 9}, pos0[2] = {4, 0};
+          const int rows[2] = {n_seq == 1 ? 1 : 3, 2};
+          int n_rows = 0;
+          for (int i = 0; i < n_seq; ++i) n_rows += rows[i];
+          cpu::RopeTable table;
+          table.init(1e6, head_dim, 1.0, nullptr);
+          std::vector<float> cs(size_t(n_rows) * head_dim);
+          table.fill(int64_t(rng() % 100000), n_rows, cs.data());
+          DevBuf dcs(cs);
+          // Two copies of q, k, v and of every ring: [0] the separate ops, [1] the fused one.
+          std::vector<std::unique_ptr<DevBuf>> x[2], ring_k[2], ring_v[2], pos;
+          std::vector<float> host[3];
+          for (int i = 0; i < 3; ++i) host[i] = randn(size_t(n_rows) * heads[i] * head_dim, rng, 3.0f);
+          const std::vector<float> gq = randn(size_t(head_dim), rng), gk = randn(size_t(head_dim), rng);
+          DevBuf dgq(gq), dgk(gk);
+          cu::SeqRings sq[2];
+          for (int c = 0; c < 2; ++c) {
+            for (int i = 0; i < 3; ++i) x[c].push_back(std::make_unique<DevBuf>(host[i]));
+            sq[c].n = n_seq;
+            int r0 = 0;
+            for (int i = 0; i < n_seq; ++i) {
+              ring_k[c].push_back(std::make_unique<DevBuf>(std::vector<uint8_t>(size_t(caps[i]) * rb, 0x5A)));
+              ring_v[c].push_back(std::make_unique<DevBuf>(std::vector<uint8_t>(size_t(caps[i]) * rb, 0xC3)));
+              pos.push_back(std::make_unique<DevBuf>(std::vector<int64_t>{pos0[i]}));
+              sq[c].k[i] = ring_k[c].back()->as();
+              sq[c].v[i] = ring_v[c].back()->as();
+              sq[c].pos0[i] = pos.back()->as<int64_t>();
+              sq[c].capacity[i] = caps[i];
+              r0 += rows[i];
+              sq[c].row0[i + 1] = r0;
+            }
+          }
+          auto make_set = [&](int c) {
+            cu::HeadNormSet set;
+            set.n = gemma4 ? 3 : 2;
+            for (int i = 0; i < set.n; ++i) {
+              set.x[i] = x[c][size_t(i)]->as<float>();
+              set.n_heads[i] = heads[i];
+              set.rope[i] = i < 2;
+            }
+            set.g[0] = dgq.as<float>();
+            set.g[1] = dgk.as<float>();
+            return set;
+          };
+          CU_OK(cu::head_norm_rope(make_set(0), n_rows, head_dim, 1e-6f, dcs.as<float>(), s));
+          CU_OK(cu::kv_append_seqs(t, sq[0], false, re, x[0][1]->as<float>(), s));
+          CU_OK(cu::kv_append_seqs(t, sq[0], true, re, x[0][2]->as<float>(), s));
+          cu::HeadNormSet fused = make_set(1);
+          if (!gemma4) {  // v only stored, as the backend adds it
+            fused.n = 3;
+            fused.x[2] = x[1][2]->as<float>();
+            fused.n_heads[2] = heads[2];
+            fused.norm[2] = false;
+          }
+          fused.ring[1] = 0;
+          fused.ring[2] = 1;
+          CU_OK(cu::head_norm_rope_store(fused, n_rows, head_dim, 1e-6f, dcs.as<float>(), t, sq[1], s));
+          for (int i = 0; i < 3; ++i) {
+            const size_t n = host[i].size();
+            EXPECT_TRUE(bits_equal(x[0][size_t(i)]->get<float>(n).data(), x[1][size_t(i)]->get<float>(n).data(), n))
+                << "tensor " << i;
+          }
+          for (int i = 0; i < n_seq; ++i) {
+            const size_t n = size_t(caps[i]) * rb;
+            const std::vector<uint8_t> k0 = ring_k[0][size_t(i)]->get<uint8_t>(n), k1 = ring_k[1][size_t(i)]->get<uint8_t>(n);
+            const std::vector<uint8_t> v0 = ring_v[0][size_t(i)]->get<uint8_t>(n), v1 = ring_v[1][size_t(i)]->get<uint8_t>(n);
+            EXPECT_EQ(std::memcmp(k0.data(), k1.data(), n), 0) << "K ring of sequence " << i;
+            EXPECT_EQ(std::memcmp(v0.data(), v1.data(), n), 0) << "V ring of sequence " << i;
+          }
+          if (head_dim == 64 && !gemma4 && n_seq == 1) {  // bad input: errors, nothing launched
+            EXPECT_FALSE(cu::head_norm_rope_store(fused, n_rows, 48, 1e-6f, dcs.as<float>(), t, sq[1], s).is_ok());
+            EXPECT_FALSE(cu::head_norm_rope_store(fused, n_rows + 1, head_dim, 1e-6f, dcs.as<float>(), t, sq[1], s).is_ok());
+            cu::HeadNormSet bad = fused;
+            bad.ring[0] = 2;
+            EXPECT_FALSE(cu::head_norm_rope_store(bad, n_rows, head_dim, 1e-6f, dcs.as<float>(), t, sq[1], s).is_ok());
+          }
+        }
+      }
+    }
+  }
+}
+
 CUDA_TEST(CudaOps, KvAppendCopyReadWrite) {
   REQUIRE_CUDA();
   std::mt19937 rng(21);

@@ -38,27 +38,6 @@ __device__ __forceinline__ float kv_elem(const uint8_t *row, int64_t e) {
 
 // grid (n_rows, row_elems / 256 rounded up), 256 threads: one element per thread; for Q8_0
 // a warp is one 32-element block (row_elems % 32 == 0, so warps never straddle a row end).
-// Row r's sequence in a table of n (row0 ascending, row0[0] = 0). Both lookups run over the
-// whole table with constant indices: a variable index into a kernel parameter would copy the
-// table to local memory, on every launch of the single-session path too.
-__device__ __forceinline__ int seq_of_row(const SeqRings &t, int r) {
-  int i = 0;
-#pragma unroll
-  for (int j = 1; j < kMaxStepSeqs; ++j) {
-    if (j < t.n && r >= t.row0[j]) i = j;
-  }
-  return i;
-}
-template <class T, int N>
-__device__ __forceinline__ T pick(const T (&a)[N], int i) {
-  T v = a[0];
-#pragma unroll
-  for (int j = 1; j < N; ++j) {
-    if (j == i) v = a[j];
-  }
-  return v;
-}
-
 // rings: the table's K (v_rings false) or V rings.
 // With k_src and v_src both set, blockIdx.z = 0 stores K rows and 1 V rows (one launch for
 // both); with one of them null, the other's rings only.
@@ -71,29 +50,7 @@ __global__ void kv_append_kernel(SeqRings t, int64_t row_elems, size_t row_bytes
   if (e >= row_elems) return;
   const bool v_rings = v_src != nullptr && (k_src == nullptr || blockIdx.z == 1);
   const float *__restrict__ src = v_rings ? v_src : k_src;
-  const int i = seq_of_row(t, r);
-  const int64_t slot = (*pick(t.pos0, i) + (r - pick(t.row0, i))) % pick(t.capacity, i);
-  uint8_t *row = static_cast<uint8_t *>(v_rings ? pick(t.v, i) : pick(t.k, i)) + size_t(slot) * row_bytes;
-  const float v = src[size_t(r) * row_elems + e];
-  if constexpr (T == KvType::F32) {
-    reinterpret_cast<float *>(row)[e] = v;
-  } else if constexpr (T == KvType::F16) {
-    reinterpret_cast<uint16_t *>(row)[e] = dev::fp32_to_fp16(v);
-  } else if constexpr (T == KvType::BF16) {
-    reinterpret_cast<uint16_t *>(row)[e] = dev::fp32_to_bf16(v);
-  } else {  // Q8_0 with quantize_q8_0's arithmetic
-    const int lane = threadIdx.x % 32;
-    float amax = fmaxf(0.0f, fabsf(v));
-    for (int o = 16; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, o));
-    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-    uint8_t *b = row + (e / 32) * 34;
-    b[2 + lane] = uint8_t(int8_t(dev::round_even(__fmul_rn(v, id))));
-    if (lane == 0) {
-      const uint16_t h = dev::fp32_to_fp16(__fdiv_rn(amax, 127.0f));
-      b[0] = uint8_t(h & 0xFF);
-      b[1] = uint8_t(h >> 8);
-    }
-  }
+  dev::kv_store<T>(dev::ring_row(t, r, v_rings, row_bytes), e, src[size_t(r) * row_elems + e]);
 }
 
 // ---- attention ------------------------------------------------------------------------------
@@ -123,12 +80,12 @@ struct AttnParams {
 __device__ __forceinline__ AttnCore for_row(const AttnParams &a, int r) {
   AttnCore b = a.c;
   if (a.seqs.n > 0) {
-    const int i = seq_of_row(a.seqs, r);
-    b.k = static_cast<const uint8_t *>(pick(a.seqs.k, i));
-    b.v = static_cast<const uint8_t *>(pick(a.seqs.v, i));
-    b.pos0 = pick(a.seqs.pos0, i);
-    b.capacity = pick(a.seqs.capacity, i);
-    b.row_base = pick(a.seqs.row0, i);
+    const int i = dev::seq_of_row(a.seqs, r);
+    b.k = static_cast<const uint8_t *>(dev::pick(a.seqs.k, i));
+    b.v = static_cast<const uint8_t *>(dev::pick(a.seqs.v, i));
+    b.pos0 = dev::pick(a.seqs.pos0, i);
+    b.capacity = dev::pick(a.seqs.capacity, i);
+    b.row_base = dev::pick(a.seqs.row0, i);
   }
   return b;
 }
@@ -727,11 +684,6 @@ __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0,
   }
 }
 
-template <class F>
-bool dispatch_kv(KvType t, F &&f) {
-  return dispatch_among<KvType, KvType::F32, KvType::F16, KvType::BF16, KvType::Q8_0>(t, std::forward<F>(f));
-}
-
 bool kv_type_ok(KvType t) { return static_cast<uint8_t>(t) <= static_cast<uint8_t>(KvType::Q8_0); }
 
 Status check_ring(KvType t, const void *ring, int64_t capacity, int64_t row_elems, const char *op) {
@@ -774,22 +726,27 @@ Status kv_append(KvType t, void *ring, int64_t capacity, int64_t row_elems, cons
   return kv_append_seqs(t, one, false, row_elems, src, s);
 }
 
+Status check_seq_rings(KvType t, const SeqRings &sq, int64_t row_elems, bool k, bool v, const char *op) {
+  if (sq.n < 1 || sq.n > kMaxStepSeqs || sq.row0[0] != 0) return bad_arg(std::string(op) + ": bad sequence table");
+  for (int i = 0; i < sq.n; ++i) {
+    const int n = sq.row0[i + 1] - sq.row0[i];
+    if (k) GEIST_RETURN_IF_ERROR(check_ring(t, sq.k[i], sq.capacity[i], row_elems, op));
+    if (v) GEIST_RETURN_IF_ERROR(check_ring(t, sq.v[i], sq.capacity[i], row_elems, op));
+    if (n < 1 || n > sq.capacity[i] || sq.pos0[i] == nullptr) {
+      return bad_arg(std::string(op) + ": bad n_rows (must be <= capacity) or null pos0/src");
+    }
+  }
+  return Status::ok();
+}
+
 namespace {
 Status kv_append_launch(KvType t, const SeqRings &sq, int64_t row_elems, const float *k_src, const float *v_src,
                         CudaStream s) {
-  if (sq.n < 1 || sq.n > kMaxStepSeqs || sq.row0[0] != 0) return bad_arg("cuda::kv_append: bad sequence table");
-  for (int i = 0; i < sq.n; ++i) {
-    const int n = sq.row0[i + 1] - sq.row0[i];
-    if (k_src != nullptr) GEIST_RETURN_IF_ERROR(check_ring(t, sq.k[i], sq.capacity[i], row_elems, "cuda::kv_append"));
-    if (v_src != nullptr) GEIST_RETURN_IF_ERROR(check_ring(t, sq.v[i], sq.capacity[i], row_elems, "cuda::kv_append"));
-    if (n < 1 || n > sq.capacity[i] || sq.pos0[i] == nullptr) {
-      return bad_arg("cuda::kv_append: bad n_rows (must be <= capacity) or null pos0/src");
-    }
-  }
-  const int n_rows = sq.row0[sq.n];
   if (k_src == nullptr && v_src == nullptr) {
     return bad_arg("cuda::kv_append: bad n_rows (must be <= capacity) or null pos0/src");
   }
+  GEIST_RETURN_IF_ERROR(check_seq_rings(t, sq, row_elems, k_src != nullptr, v_src != nullptr, "cuda::kv_append"));
+  const int n_rows = sq.row0[sq.n];
   const dim3 grid(unsigned(n_rows), unsigned((row_elems + 255) / 256), k_src != nullptr && v_src != nullptr ? 2u : 1u);
   const size_t rb = kv_row_bytes(t, row_elems);
   dispatch_kv(t, [&](auto tag) {

@@ -425,6 +425,62 @@ __device__ __forceinline__ void quant_q8_k_block(const float (&v)[8], int lane, 
   if (lane == 0) *d = __fdiv_rn(1.0f, iscale);
 }
 
+// ---- KV rings (kernels.h's SeqRings) ----
+
+// Row r's sequence in a table of n (row0 ascending, row0[0] = 0). Both lookups run over the
+// whole table with constant indices: a variable index into a kernel parameter would copy the
+// table to local memory, on every launch of the single-session path too.
+__device__ __forceinline__ int seq_of_row(const SeqRings &t, int r) {
+  int i = 0;
+#pragma unroll
+  for (int j = 1; j < kMaxStepSeqs; ++j) {
+    if (j < t.n && r >= t.row0[j]) i = j;
+  }
+  return i;
+}
+template <class T, int N>
+__device__ __forceinline__ T pick(const T (&a)[N], int i) {
+  T v = a[0];
+#pragma unroll
+  for (int j = 1; j < N; ++j) {
+    if (j == i) v = a[j];
+  }
+  return v;
+}
+
+// Where step row r goes: its sequence's K (v_ring false) or V ring row at the sequence's
+// position for it, of row_bytes bytes.
+__device__ __forceinline__ uint8_t *ring_row(const SeqRings &t, int r, bool v_ring, size_t row_bytes) {
+  const int i = seq_of_row(t, r);
+  const int64_t slot = (*pick(t.pos0, i) + (r - pick(t.row0, i))) % pick(t.capacity, i);
+  return static_cast<uint8_t *>(v_ring ? pick(t.v, i) : pick(t.k, i)) + size_t(slot) * row_bytes;
+}
+
+// Element e of a KV row of type T (kv_type.h) set to v. For Q8_0 (quantize_q8_0's arithmetic)
+// every lane of the warp calls it together, lane j with element j of one 32-element block.
+template <KvType T>
+__device__ __forceinline__ void kv_store(uint8_t *row, int64_t e, float v) {
+  if constexpr (T == KvType::F32) {
+    reinterpret_cast<float *>(row)[e] = v;
+  } else if constexpr (T == KvType::F16) {
+    reinterpret_cast<uint16_t *>(row)[e] = fp32_to_fp16(v);
+  } else if constexpr (T == KvType::BF16) {
+    reinterpret_cast<uint16_t *>(row)[e] = fp32_to_bf16(v);
+  } else {
+    const int lane = int(e % 32);
+    float amax = fmaxf(0.0f, fabsf(v));
+    for (int o = 16; o >= 1; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
+    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+    uint8_t *b = row + (e / 32) * 34;
+    b[2 + lane] = uint8_t(int8_t(round_even(__fmul_rn(v, id))));
+    if (lane == 0) {
+      const uint16_t h = fp32_to_fp16(__fdiv_rn(amax, 127.0f));
+      b[0] = uint8_t(h & 0xFF);
+      b[1] = uint8_t(h >> 8);
+    }
+  }
+}
+
 }  // namespace dev
 
 // Where a Q8-mode matmul's scratch holds the quantized activations of n_rows rows of K:
@@ -434,5 +490,10 @@ inline int8_t *act_quants(void *scratch) { return static_cast<int8_t *>(scratch)
 inline float *act_scales(void *scratch, int n_rows, int64_t K) {
   const size_t q = (size_t(n_rows) * size_t(K) + 255) / 256 * 256;
   return reinterpret_cast<float *>(static_cast<uint8_t *>(scratch) + q);
+}
+
+template <class F>
+bool dispatch_kv(KvType t, F &&f) {
+  return dispatch_among<KvType, KvType::F32, KvType::F16, KvType::BF16, KvType::Q8_0>(t, std::forward<F>(f));
 }
 }  // namespace geist::cuda

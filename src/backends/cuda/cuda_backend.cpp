@@ -286,6 +286,7 @@ class CudaExec final : public Exec {
     outputs_.clear();
     ops_.clear();
     producer_ = Producer{};
+    head_norm_ = HeadNormOp{};
     step_hash_ = 0x6a09e667f3bcc908ull;
     n_rows_ = n_rows;
     seqs_.clear();
@@ -348,6 +349,7 @@ class CudaExec final : public Exec {
     if (error_.is_ok()) execute();
     ops_.clear();
     producer_ = Producer{};
+    head_norm_ = HeadNormOp{};
     if (!retired_.empty()) {
       (void)cuda::stream_sync(stream_);
       for (void *p : retired_) cuda::device_free(p);
@@ -443,8 +445,10 @@ class CudaExec final : public Exec {
       set.rope[i] = t[i].rope;
       k = mix(k, key(set.x[i], set.g[i], set.n_heads[i], int(set.rope[i])));
     }
+    const size_t before = ops_.size();
     record("head_norm_rope", k,
            [=, s = stream_] { return cuda::head_norm_rope(set, n_rows, head_dim, eps, cs.p, s); });
+    if (ops_.size() == before + 1) head_norm_ = {ops_.size(), set, n_rows, head_dim, eps, cs.p};
   }
   void rope(Act x, int n_rows, int n_heads, int head_dim, int rot_dim, Act cs) override {
     record("rope", key(4, x.p, n_rows, n_heads, head_dim, rot_dim, cs.p),
@@ -479,6 +483,7 @@ class CudaExec final : public Exec {
     }
   }
   void kv_append(int l, Act k, Act v) override {
+    if (take_head_norm_store(l, k, v)) return;
     for_each_group(l, [&](const CudaKvStore &c, const cuda::SeqRings &t, int row_first, uint64_t h) {
       const int64_t rf = c.spec(l).row_floats;
       const KvType tk = c.type_k(), tv = c.type_v();
@@ -699,6 +704,82 @@ class CudaExec final : public Exec {
     producer_ = Producer{};
     return true;
   }
+  // The last recorded op, where it is head_norm_rope: its arguments (ops as in Producer).
+  struct HeadNormOp {
+    size_t ops = 0;
+    cuda::HeadNormSet set;
+    int n_rows = 0, head_dim = 0;
+    float eps = 0;
+    const float *cs = nullptr;
+  };
+  HeadNormOp head_norm_;
+
+  // GEIST_CUDA_FUSE_KV=1 (and GEIST_CUDA_FUSE not 0): the K and V stores run inside the
+  // head_norm_rope before them (written while no device was lent: off until
+  // CudaOps.HeadNormRopeStoreIsOpsThenAppend has run on one).
+  static bool fuse_kv() {
+    static const bool v = [] {
+      const char *e = std::getenv("GEIST_CUDA_FUSE_KV");
+      return e != nullptr && std::strcmp(e, "1") == 0;
+    }();
+    return v && fuse();
+  }
+  // Where the op just recorded is the head_norm_rope that wrote k (and v, or v is untouched
+  // by it), the step's sequences form one group and K and V rings share a type: that op is
+  // replaced by head_norm_rope_store, storing the rows as kv_append would, and true is
+  // returned. The same values and ring bytes.
+  bool take_head_norm_store(int l, Act k, Act v) {
+    if (!fuse_kv() || !error_.is_ok() || ops_.empty() || head_norm_.ops != ops_.size() || seqs_.empty()) {
+      return false;
+    }
+    bool one_group = true;
+    int groups = 0;
+    cuda::SeqRings rings;
+    uint64_t gh = 0;
+    KvType type = KvType::F32;
+    int64_t row_floats = 0;
+    for_each_group(l, [&](const CudaKvStore &c, const cuda::SeqRings &t, int row_first, uint64_t h) {
+      if (++groups > 1 || row_first != 0 || c.type_k() != c.type_v()) one_group = false;
+      rings = t;
+      gh = h;
+      type = c.type_k();
+      row_floats = c.spec(l).row_floats;
+    });
+    cuda::HeadNormSet set = head_norm_.set;
+    const int hd = head_norm_.head_dim;
+    if (!one_group || groups != 1 || rings.row0[rings.n] != head_norm_.n_rows || hd % 32 != 0 || hd > 512) {
+      return false;
+    }
+    int ik = -1, iv = -1;
+    for (int i = 0; i < set.n; ++i) {
+      if (set.x[i] == k.p) ik = i;
+      if (set.x[i] == v.p) iv = i;
+    }
+    if (ik < 0 || int64_t(set.n_heads[ik]) * hd != row_floats) return false;
+    if (iv < 0) {  // v is not normalized: only stored
+      if (set.n == 3 || row_floats % hd != 0) return false;
+      iv = set.n++;
+      set.x[iv] = v.p;
+      set.g[iv] = nullptr;
+      set.n_heads[iv] = int(row_floats / hd);
+      set.rope[iv] = false;
+      set.norm[iv] = false;
+    }
+    if (int64_t(set.n_heads[iv]) * hd != row_floats || ik == iv) return false;
+    set.ring[ik] = 0;
+    set.ring[iv] = 1;
+    const int n_rows = head_norm_.n_rows;
+    const float eps = head_norm_.eps;
+    const float *cs = head_norm_.cs;
+    ops_.back().f = [=, s = stream_] {
+      return cuda::head_norm_rope_store(set, n_rows, hd, eps, cs, type, rings, s);
+    };
+    ops_.back().what = "head_norm_rope+kv_store";
+    step_hash_ = mix(step_hash_, mix(gh, key(17, k.p, v.p, iv)));
+    head_norm_ = HeadNormOp{};
+    return true;
+  }
+
   static uint64_t mix(uint64_t h, uint64_t v) {
     v *= 0x9E3779B97F4A7C15ull;
     v ^= v >> 32;

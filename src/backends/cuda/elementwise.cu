@@ -185,8 +185,13 @@ __global__ void __launch_bounds__(kThreads)
 // head_norm_rope: one block of 64 threads per (tensor, row, head), head_dim <= 512: the
 // tree of rmsnorm_kernel<64, 8> (what rmsnorm runs for dim <= 512), then, for a rotated
 // tensor, rope_neox_kernel's arithmetic on the normalized values through shared memory.
+// kStore (head_norm_rope_store): the final values also go to the tensor's ring (t.ring), each
+// warp storing 32 consecutive elements of the head (head_dim % 32 == 0) as kv_append_kernel
+// stores them.
+template <bool kStore, KvType T>
 __global__ void __launch_bounds__(64) head_norm_rope_kernel(HeadNormSet t, int n_rows, int head_dim, int rot_dim,
-                                                            float eps, const float *__restrict__ cs) {
+                                                            float eps, const float *__restrict__ cs, SeqRings rings,
+                                                            size_t ring_row_bytes) {
   dev::pdl_start();
   constexpr int kThreads = 64, kPer = 8;
   __shared__ double part[kThreads / 32];
@@ -209,36 +214,59 @@ __global__ void __launch_bounds__(64) head_norm_rope_kernel(HeadNormSet t, int n
   const float *g = ti == 0 ? t.g[0] : ti == 1 ? t.g[1] : t.g[2];
   const int nh = ti == 0 ? t.n_heads[0] : ti == 1 ? t.n_heads[1] : t.n_heads[2];
   const bool rope = ti == 0 ? t.rope[0] : ti == 1 ? t.rope[1] : t.rope[2];
+  const bool norm = ti == 0 ? t.norm[0] : ti == 1 ? t.norm[1] : t.norm[2];
+  const int ring = ti == 0 ? t.ring[0] : ti == 1 ? t.ring[1] : t.ring[2];
   float *xv = x + size_t(b) * head_dim;
   float xr[kPer], gr[kPer];
   load_part<kThreads, kPer>(xv, head_dim, xr);
-  load_part<kThreads, kPer>(g, head_dim, gr);
-  const float r = rms_scale<kThreads>(sum_squares<kThreads, kPer>(xr, head_dim), head_dim, eps, part, &r_sh);
+  if (norm) {
+    load_part<kThreads, kPer>(g, head_dim, gr);
+    const float r = rms_scale<kThreads>(sum_squares<kThreads, kPer>(xr, head_dim), head_dim, eps, part, &r_sh);
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      xr[j] = __fmul_rn(xr[j], r);
+      if (g) xr[j] = __fmul_rn(xr[j], gr[j]);
+    }
+  }
+  const bool store = kStore && ring >= 0;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + j * kThreads;
     if (i < head_dim) {
-      float v = __fmul_rn(xr[j], r);
-      if (g) v = __fmul_rn(v, gr[j]);
-      if (rope) {
-        v_sh[i] = v;
-      } else {
-        xv[i] = v;
+      if (rope || store) {
+        v_sh[i] = xr[j];
+      } else if (norm) {
+        xv[i] = xr[j];
       }
     }
   }
-  if (!rope) return;
+  if (!rope && !store) return;
   __syncthreads();
-  const int half = rot_dim / 2;
-  const float *c = cs + size_t(b / nh) * rot_dim;
-  for (int i = threadIdx.x; i < head_dim; i += kThreads) {
-    if (i < half) {
+  if (rope) {
+    // In place in v_sh: the thread of pair i is the only one to read or write i and i + half.
+    const int half = rot_dim / 2;
+    const float *c = cs + size_t(b / nh) * rot_dim;
+    for (int i = threadIdx.x; i < half; i += kThreads) {
       const float x0 = v_sh[i], x1 = v_sh[i + half];
       const float co = c[2 * i], si = c[2 * i + 1];
-      xv[i] = __fsub_rn(__fmul_rn(x0, co), __fmul_rn(x1, si));
-      xv[i + half] = __fadd_rn(__fmul_rn(x1, co), __fmul_rn(x0, si));
-    } else if (i >= rot_dim) {
-      xv[i] = v_sh[i];  // past the rotation: the normalized value
+      v_sh[i] = __fsub_rn(__fmul_rn(x0, co), __fmul_rn(x1, si));
+      v_sh[i + half] = __fadd_rn(__fmul_rn(x1, co), __fmul_rn(x0, si));
+    }
+    __syncthreads();
+  }
+  uint8_t *row = nullptr;
+  if constexpr (kStore) {
+    if (store) row = dev::ring_row(rings, int(b / nh), ring == 1, ring_row_bytes);
+  }
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    if (i < head_dim) {  // warp-uniform where storing (head_dim % 32 == 0)
+      const float v = v_sh[i];
+      if (rope || norm) xv[i] = v;
+      if constexpr (kStore) {
+        if (store) dev::kv_store<T>(row, int64_t(b % nh) * head_dim + i, v);
+      }
     }
   }
 }
@@ -396,8 +424,43 @@ Status head_norm_rope(const HeadNormSet &t, int n_rows, int head_dim, float eps,
     }
     return Status::ok();
   }
-  launch(head_norm_rope_kernel, unsigned(blocks), 64, s, t, n_rows, head_dim, head_dim, eps, cs);
+  launch(head_norm_rope_kernel<false, KvType::F32>, unsigned(blocks), 64, s, t, n_rows, head_dim, head_dim, eps, cs,
+         SeqRings{}, size_t(0));
   return launch_status("cuda::head_norm_rope");
+}
+
+Status head_norm_rope_store(const HeadNormSet &t, int n_rows, int head_dim, float eps, const float *cs, KvType kt,
+                            const SeqRings &rings, CudaStream s) {
+  constexpr const char *kOp = "cuda::head_norm_rope_store";
+  if (t.n < 1 || t.n > 3 || head_dim <= 0 || head_dim > 512 || head_dim % 32 != 0) {
+    return bad_arg(std::string(kOp) + ": 1 to 3 tensors, head_dim a multiple of 32 up to 512");
+  }
+  if (rings.n < 1 || rings.n > kMaxStepSeqs || n_rows != rings.row0[rings.n]) {
+    return bad_arg(std::string(kOp) + ": n_rows is not the rows of the sequence table");
+  }
+  int64_t blocks = 0, row_elems = 0;
+  bool any_rope = false;
+  for (int i = 0; i < t.n; ++i) {
+    if (t.x[i] == nullptr || t.n_heads[i] <= 0 || t.ring[i] < -1 || t.ring[i] > 1) {
+      return bad_arg(std::string(kOp) + ": null tensor, no heads or a bad ring");
+    }
+    blocks += int64_t(n_rows) * t.n_heads[i];
+    any_rope = any_rope || t.rope[i];
+    if (t.ring[i] >= 0) {
+      const int64_t re = int64_t(t.n_heads[i]) * head_dim;
+      if (row_elems != 0 && re != row_elems) return bad_arg(std::string(kOp) + ": K and V rows of different widths");
+      row_elems = re;
+      GEIST_RETURN_IF_ERROR(check_seq_rings(kt, rings, re, t.ring[i] == 0, t.ring[i] == 1, kOp));
+    }
+  }
+  if (any_rope && cs == nullptr) return bad_arg(std::string(kOp) + ": RoPE without rows");
+  if (blocks > 0x7FFFFFFF) return bad_arg(std::string(kOp) + ": too many heads");
+  const size_t rb = row_elems > 0 ? kv_row_bytes(kt, row_elems) : 0;
+  dispatch_kv(kt, [&](auto tag) {
+    constexpr KvType T = decltype(tag)::value;
+    launch(head_norm_rope_kernel<true, T>, unsigned(blocks), 64, s, t, n_rows, head_dim, head_dim, eps, cs, rings, rb);
+  });
+  return launch_status(kOp);
 }
 
 Status rope_neox(float *x, int n_rows, int n_heads, int head_dim, int rot_dim, const float *cs, CudaStream s) {

@@ -180,13 +180,16 @@ Status rmsnorm_add_norm_quantize(float *x, const float *g, float *h, float h_sca
 // of one step in one launch (Gemma's q, k and v norms): tensor i is x[i] [n_rows][n_heads[i]]
 // [head_dim], normalized with g[i] (null: no weight) and rotated with the rows cs when
 // rope[i]. The same bits as rmsnorm (dim = head_dim) then rope_neox (rot_dim = head_dim) on
-// each; head dims above 512 run those ops.
+// each; head dims above 512 run those ops. A tensor with norm[i] false is left as it is
+// (head_norm_rope_store stores it).
 struct HeadNormSet {
   int n = 0;
   float *x[3] = {};
   const float *g[3] = {};
   int n_heads[3] = {};
   bool rope[3] = {};
+  bool norm[3] = {true, true, true};
+  int ring[3] = {-1, -1, -1};  // head_norm_rope_store: 0 K rings, 1 V rings, -1 none
 };
 Status head_norm_rope(const HeadNormSet &t, int n_rows, int head_dim, float eps, const float *cs, CudaStream s);
 
@@ -303,6 +306,14 @@ Status kv_append_seqs(KvType t, const SeqRings &s, bool v_rings, int64_t row_ele
 // one launch; the same bytes as the two kv_append_seqs calls.
 Status kv_append_kv_seqs(KvType t, const SeqRings &s, int64_t row_elems, const float *k_src, const float *v_src,
                          CudaStream st);
+// head_norm_rope, then each tensor i with ring[i] >= 0 (its rows of n_heads[i] x head_dim
+// elements) stored into the sequences' K (ring 0) or V (1) rings of type t as kv_append_seqs
+// stores it, in one launch: the same values and ring bytes as head_norm_rope and then the
+// appends (RoPE then the KV store, fused). head_dim a multiple of 32, at most 512.
+Status head_norm_rope_store(const HeadNormSet &hn, int n_rows, int head_dim, float eps, const float *cs, KvType t,
+                            const SeqRings &s, CudaStream st);
+// The checks of kv_append_seqs on a table (its K rings where k, V rings where v).
+Status check_seq_rings(KvType t, const SeqRings &s, int64_t row_elems, bool k, bool v, const char *op);
 // attention with the sequences' rings and positions (a's k, v, pos0, capacity are unused;
 // a.n_rows must be s.row0[s.n]).
 Status attention_seqs(const AttnArgs &a, const SeqRings &s, CudaStream st);
