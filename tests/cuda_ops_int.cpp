@@ -19,6 +19,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "test_util.h"
@@ -1162,13 +1163,16 @@ struct AttnCase {
 struct AttnResult {
   std::vector<float> got, want;
   double max_abs_v = 0;
+  // quant_block != 0: the quantized output's scratch bytes, and those of quantize_rows(got).
+  std::vector<uint8_t> quant, quant_want;
 };
 
 // Builds the rings (every visible position written through kv_append in chunks), runs the
 // device attention and the CPU generic attention over the dequantized rings.
 // split: the fast path (scratch given); else the reference kernel.
 inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk = 0, bool split = true,
-                                bool any_head_dim = false, bool single_query = false, bool merge_counters = false) {
+                                bool any_head_dim = false, bool single_query = false, bool merge_counters = false,
+                                int quant_block = 0) {
   ThreadPool pool(8);
   cu::CudaStream s = cuda_env().s;
   const int64_t row = int64_t(c.n_head_kv) * c.head_dim;
@@ -1215,6 +1219,11 @@ inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk 
   std::vector<int64_t> pos;
   for (int r0 = 0; r0 < c.n_rows; r0 += step) pos.push_back(c.pos0 + r0);
   DevBuf dpos(pos);  // one pos0 per call, as a per-call step block would hold it
+  const int64_t qk = int64_t(c.n_head) * c.head_dim;
+  const size_t quant_bytes =
+      quant_block ? (size_t(c.n_rows) * qk + 255) / 256 * 256 + size_t(c.n_rows) * (qk / quant_block) * 4 : 0;
+  DevBuf qscratch(std::vector<uint8_t>(std::max<size_t>(quant_bytes, 1), 0x77));
+  if (quant_block && chunk > 0) throw std::runtime_error("quantized attention output: one call");
   for (int r0 = 0, i = 0; r0 < c.n_rows; r0 += step, ++i) {
     cu::AttnArgs g;
     g.q = dq.as<float>() + size_t(r0) * c.n_head * c.head_dim;
@@ -1235,9 +1244,17 @@ inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk 
     g.any_head_dim = any_head_dim;
     g.single_query = single_query;
     g.merge_counters = merge_counters ? counters.as<unsigned>() : nullptr;
+    g.quant_block = quant_block;
+    g.quant_scratch = quant_block ? qscratch.as() : nullptr;
     ok(cu::attention(g, s));
   }
   res.got = dout.get<float>(q.size());
+  if (quant_block) {
+    res.quant = qscratch.get<uint8_t>(quant_bytes);
+    DevBuf want(std::vector<uint8_t>(quant_bytes, 0x77));
+    ok(cu::quantize_rows(dout.as<float>(), qk, c.n_rows, quant_block, want.as(), s));
+    res.quant_want = want.get<uint8_t>(quant_bytes);
+  }
   if (merge_counters) {  // every call leaves them zero
     for (unsigned v : counters.get<unsigned>(n_cnt)) {
       if (v != 0) throw std::runtime_error("attention left a merge counter at " + std::to_string(v));
@@ -1366,6 +1383,38 @@ CUDA_TEST(CudaOps, AttentionMergeInSplitSameBits) {
             const AttnResult sep = run_attention(c, rng_a, chunk, true, any, true, false);
             const AttnResult fused = run_attention(c, rng_b, chunk, true, any, true, true);
             ASSERT_TRUE(bits_equal(sep.got.data(), fused.got.data(), sep.got.size()));
+          }
+        }
+      }
+    }
+  }
+}
+
+// The attention quantizing its output for the output projection (AttnArgs::quant_block):
+// the outputs are those of the plain call and the scratch holds quantize_rows' bytes of
+// them, through every path that merges (the split kernel with the merge kernel or its own
+// merge, the many-queries kernel) and the reference kernel (quantized after it).
+CUDA_TEST(CudaOps, AttentionQuantizedOutputSameBits) {
+  REQUIRE_CUDA();
+  for (KvType t : kKvTypes) {
+    for (int hd : {64, 256, 512}) {
+      for (const AttnCase &c : std::vector<AttnCase>{AttnCase{1, 8, 2, hd, 0, 700, 800, t, t},
+                                                     AttnCase{70, 4, 1, hd, 0, 130, 300, t, t},
+                                                     AttnCase{9, 8, 2, hd, 100, 1000, 100 + 8, t, t}}) {
+        for (int qb : {32, 256}) {
+          if (hd % qb != 0) continue;
+          // (split, single query, merge counters): the merge kernel, the split kernel's own
+          // merge, the many-queries kernel, the reference kernel.
+          for (auto [split, single, counters] : std::vector<std::tuple<bool, bool, bool>>{
+                   {true, true, false}, {true, true, true}, {true, false, false}, {false, true, false}}) {
+            SCOPED_TRACE(describe(c) + " block " + std::to_string(qb) + (split ? "" : " reference") +
+                         (single ? "" : " many-queries") + (counters ? " own merge" : ""));
+            std::mt19937 rng_a(53), rng_b(53);
+            const AttnResult plain = run_attention(c, rng_a, 0, split, false, single, counters);
+            const AttnResult quant = run_attention(c, rng_b, 0, split, false, single, counters, qb);
+            ASSERT_TRUE(bits_equal(quant.got.data(), plain.got.data(), plain.got.size()));
+            ASSERT_EQ(quant.quant.size(), quant.quant_want.size());
+            EXPECT_EQ(std::memcmp(quant.quant.data(), quant.quant_want.data(), quant.quant.size()), 0);
           }
         }
       }

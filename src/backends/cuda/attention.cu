@@ -70,6 +70,11 @@ struct AttnCore {
   int n_head, group, head_dim, window;
   float scale;
   int row_base;  // query r is at position *pos0 + r - row_base
+  // quant_block 32 / 256: the merge also quantizes each output row for the matmul after it
+  // (AttnArgs::quant_block) into oq [rows][n_head head_dim], od [rows][n_head head_dim / block].
+  int quant_block;
+  int8_t *oq;
+  float *od;
 };
 struct AttnParams {
   AttnCore c;
@@ -223,7 +228,30 @@ constexpr int kRowGroup = 64;  // queries per launch pair (bounds the partials' 
 // out = (sum_s f_s o_s) * (1 / sum_s f_s l_s), f_s = exp(m_s - M), splits in order, for
 // query row row0 + rr and head h, by the block's threads. The partials are read past L1
 // (__ldcg): in the split kernel's own merge they were written by other blocks.
+// Head h of output row `row` (its values in o_sh) quantized as matmul_n quantizes that row
+// (dev::quant_q8_0_block / quant_q8_k_block, one warp per block of the head).
+__device__ __forceinline__ void quantize_head(const AttnCore &a, int row, int h, const float *o_sh) {
+  const int64_t K = int64_t(a.n_head) * a.head_dim, e0 = int64_t(h) * a.head_dim;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int8_t *q = a.oq + size_t(row) * K + e0;
+  if (a.quant_block == 32) {
+    float *d = a.od + size_t(row) * (K / 32) + e0 / 32;
+    for (int b = warp; b < a.head_dim / 32; b += kThreads / 32) {
+      dev::quant_q8_0_block(o_sh[b * 32 + lane], lane, q + b * 32, d + b);
+    }
+  } else {
+    float *d = a.od + size_t(row) * (K / 256) + e0 / 256;
+    for (int b = warp; b < a.head_dim / 256; b += kThreads / 32) {
+      float v[8];
+#pragma unroll
+      for (int t = 0; t < 8; ++t) v[t] = o_sh[b * 256 + lane + 32 * t];
+      dev::quant_q8_k_block(v, lane, q + b * 256, d + b);
+    }
+  }
+}
+
 __device__ __forceinline__ void merge_splits(const AttnCore &a, int row0, int rr, int h, const float *part) {
+  __shared__ float o_sh[kMaxHeadDim];
   const float *pp = part + (size_t(rr) * a.n_head + h) * kSplits * size_t(a.head_dim + 2);
   const size_t st = size_t(a.head_dim + 2);
   float M = -INFINITY;
@@ -244,8 +272,13 @@ __device__ __forceinline__ void merge_splits(const AttnCore &a, int row0, int rr
     for (int s = 0; s < kSplits; ++s) {
       if (f[s] != 0.0f) acc = __fadd_rn(acc, __fmul_rn(f[s], __ldcg(pp + s * st + 2 + d)));
     }
-    out[d] = __fmul_rn(acc, inv);
+    const float v = __fmul_rn(acc, inv);
+    out[d] = v;
+    o_sh[d] = v;
   }
+  if (a.quant_block == 0) return;
+  __syncthreads();
+  quantize_head(a, row0 + rr, h, o_sh);
 }
 
 __global__ void __launch_bounds__(kThreads) attention_merge_kernel(AttnCore a, int row0, const float *__restrict__ part) {
@@ -830,6 +863,10 @@ Status check_attn(const AttnArgs &a) {
     return bad_arg("cuda::attention: bad shape (n_head % n_head_kv, head_dim up to 512, capacity, q8_0 rows a "
                    "multiple of 32)");
   }
+  if (a.quant_block != 0 &&
+      ((a.quant_block != 32 && a.quant_block != 256) || a.head_dim % a.quant_block != 0 || a.quant_scratch == nullptr)) {
+    return bad_arg("cuda::attention: quant_block must be 32 or 256 and divide head_dim, with a scratch");
+  }
   return Status::ok();
 }
 
@@ -852,7 +889,12 @@ Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {
         launch(attention_kernel<KT, VT>, grid, kThreads, s, p);
       });
     });
-    return launch_status("cuda::attention");
+    GEIST_RETURN_IF_ERROR(launch_status("cuda::attention"));
+    // This kernel does not merge: the rows are quantized by the matmul's own quantizer.
+    if (a.quant_block != 0) {
+      return quantize_rows(a.out, int64_t(a.n_head) * a.head_dim, a.n_rows, a.quant_block, a.quant_scratch, s);
+    }
+    return Status::ok();
   }
   auto *part = static_cast<float *>(a.scratch);
   unsigned *const cnt = a.merge_counters;
@@ -919,6 +961,9 @@ AttnParams params_of(const AttnArgs &a) {
   p.c.window = a.window;
   p.c.scale = a.scale;
   p.c.row_base = 0;
+  p.c.quant_block = a.quant_block;
+  p.c.oq = a.quant_block != 0 ? act_quants(a.quant_scratch) : nullptr;
+  p.c.od = a.quant_block != 0 ? act_scales(a.quant_scratch, a.n_rows, int64_t(a.n_head) * a.head_dim) : nullptr;
   p.seqs.n = 0;
   return p;
 }

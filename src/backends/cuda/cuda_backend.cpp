@@ -429,7 +429,7 @@ class CudaExec final : public Exec {
                        return cuda::rmsnorm_add_norm_quantize(x.p, gp, h.p, h_scale, np, out.p, n_vec, dim, eps,
                                                               act_block, scratch, s);
                      };
-                   }};
+                   }, dim, "rmsnorm_add_norm+quantize"};
     }
   }
   void head_norm_rope(const HeadNorm *t, int n_t, int n_rows, int head_dim, float eps, Act cs) override {
@@ -527,6 +527,8 @@ class CudaExec final : public Exec {
       attn_counters_ = p;
       attn_counter_bytes_ = need_cnt;
     }
+    int groups = 0;
+    Producer one;
     for_each_group(l, [&](const CudaKvStore &c, const cuda::SeqRings &t, int row_first, uint64_t h) {
       cuda::AttnArgs a;
       a.q = q.rows_from(row_first).p;
@@ -544,7 +546,19 @@ class CudaExec final : public Exec {
       record("attention", mix(h, key(6, a.q, a.out, n_head, a.n_head_kv, head_dim, window, scale, a.scratch,
                                       a.merge_counters)),
              [=, s = stream_] { return cuda::attention_seqs(a, t, s); });
+      ++groups;
+      one = {ops_.size(), out.p, a.n_rows, int64_t(n_head) * head_dim,
+             [=, s = stream_](int act_block, void *scratch) {
+               cuda::AttnArgs aq = a;
+               aq.quant_block = act_block;
+               aq.quant_scratch = scratch;
+               return [=] { return cuda::attention_seqs(aq, t, s); };
+             },
+             head_dim, "attention+quantize"};
     });
+    // One group covering the step's rows: the attention can quantize its output for the
+    // output projection (take_quantizing_producer).
+    if (groups == 1 && one.rows == n_rows_ && one.ops == ops_.size()) producer_ = std::move(one);
   }
   void gelu_mul(Act gate, Act up, Act out, int64_t n) override {
     const size_t before = ops_.size();
@@ -557,7 +571,7 @@ class CudaExec final : public Exec {
                      return [=] {
                        return cuda::gelu_mul_quantize(gate.p, up.p, out.p, rows, width, act_block, scratch, s);
                      };
-                   }};
+                   }, width, "gelu_mul+quantize"};
     }
   }
   void gelu_mul_cols(Act gate, Act src, int64_t col0, Act tmp, int n_rows) override {
@@ -668,11 +682,14 @@ class CudaExec final : public Exec {
   // The last recorded op, where it is one that can also quantize what it writes for the
   // matmul after it (gelu_mul, rmsnorm_add_norm): the rows it writes, and how to make the
   // op that does both. ops = ops_.size() just after it was recorded.
+  // unit: the act blocks it can quantize divide unit (the width, or attention's head dim).
   struct Producer {
     size_t ops = 0;
     const float *out = nullptr;
     int64_t rows = 0, width = 0;
     std::function<std::function<Status()>(int act_block, void *scratch)> make;
+    int64_t unit = 0;
+    const char *name = nullptr;  // the op's name once it quantizes
   };
   Producer producer_;
 
@@ -697,9 +714,10 @@ class CudaExec final : public Exec {
       return false;
     }
     const int act_block = cuda::matmul_n_act_block(w, y, n_mat, n_rows);
-    if (act_block == 0 || producer_.width % act_block != 0) return false;
+    const int64_t unit = producer_.unit > 0 ? producer_.unit : producer_.width;
+    if (act_block == 0 || producer_.width % act_block != 0 || unit % act_block != 0) return false;
     ops_.back().f = producer_.make(act_block, scratch);
-    ops_.back().what = ops_.back().what == std::string("gelu_mul") ? "gelu_mul+quantize" : "rmsnorm_add_norm+quantize";
+    ops_.back().what = producer_.name;
     step_hash_ = mix(step_hash_, uint64_t(act_block));
     producer_ = Producer{};
     return true;

@@ -140,6 +140,8 @@ Status matmul_n(const DevMatrix *ws, float *const *ys, int n_mat, const float *x
 // matmul scratch itself; matmul_n_quantized then runs the matrices on it. The same bits as
 // the producer followed by matmul_n.
 int matmul_n_act_block(const DevMatrix *ws, float *const *ys, int n_mat, int n_rows);
+// x [n_rows][K] quantized into scratch as matmul_n quantizes it (act_block 32 or 256).
+Status quantize_rows(const float *x, int64_t K, int n_rows, int act_block, void *scratch, CudaStream s);
 Status matmul_n_quantized(const DevMatrix *ws, float *const *ys, int n_mat, int n_rows, void *scratch, CudaStream s);
 // gelu_mul over n_rows rows of K, and those rows quantized into scratch (act_block 32 or
 // 256; scratch: matmul_scratch_bytes of a matrix of K with n_rows).
@@ -269,6 +271,11 @@ struct AttnArgs {
   // last of a query's merges the splits (the merge kernel's bits, one launch fewer). Only one
   // attention at a time may use a set of counters.
   unsigned *merge_counters = nullptr;
+  // 32 or 256 (dividing head_dim): the output rows are also quantized into quant_scratch as
+  // matmul_n would quantize out for matrices of that activation block (for
+  // matmul_n_quantized: one launch less before the output projection). 0: not.
+  int quant_block = 0;
+  void *quant_scratch = nullptr;
 };
 // Device scratch the split kernel needs (any n_rows: queries go 64 at a time).
 size_t attention_scratch_bytes(int n_head, int head_dim);

@@ -877,6 +877,16 @@ int matmul_n_act_block(const DevMatrix *ws, float *const *ys, int n_mat, int n_r
   return shares_quantization(ws, ys, n_mat, n_rows, true, &act_block) ? act_block : 0;
 }
 
+Status quantize_rows(const float *x, int64_t K, int n_rows, int act_block, void *scratch, CudaStream s) {
+  if (x == nullptr || scratch == nullptr || (act_block != 32 && act_block != 256) || K <= 0 || K % act_block != 0 ||
+      n_rows < 0 || n_rows > 65535) {
+    return bad_arg("cuda::quantize_rows: bad rows, block or null pointer");
+  }
+  if (n_rows == 0) return Status::ok();
+  quantize_acts(x, K, n_rows, act_block, scratch, s);
+  return launch_status("cuda::quantize_rows");
+}
+
 Status matmul_n_quantized(const DevMatrix *ws, float *const *ys, int n_mat, int n_rows, void *scratch, CudaStream s) {
   int act_block = 0;
   if (scratch == nullptr || !shares_quantization(ws, ys, n_mat, n_rows, true, &act_block)) {
