@@ -429,7 +429,7 @@ class CudaExec final : public Exec {
                        return cuda::rmsnorm_add_norm_quantize(x.p, gp, h.p, h_scale, np, out.p, n_vec, dim, eps,
                                                               act_block, scratch, s);
                      };
-                   }, dim, "rmsnorm_add_norm+quantize"};
+                   }, dim, "rmsnorm_add_norm+quantize", "norm"};
     }
   }
   void head_norm_rope(const HeadNorm *t, int n_t, int n_rows, int head_dim, float eps, Act cs) override {
@@ -554,7 +554,7 @@ class CudaExec final : public Exec {
                aq.quant_scratch = scratch;
                return [=] { return cuda::attention_seqs(aq, t, s); };
              },
-             head_dim, "attention+quantize"};
+             head_dim, "attention+quantize", "attn"};
     });
     // One group covering the step's rows: the attention can quantize its output for the
     // output projection (take_quantizing_producer).
@@ -571,7 +571,7 @@ class CudaExec final : public Exec {
                      return [=] {
                        return cuda::gelu_mul_quantize(gate.p, up.p, out.p, rows, width, act_block, scratch, s);
                      };
-                   }, width, "gelu_mul+quantize"};
+                   }, width, "gelu_mul+quantize", "gelu"};
     }
   }
   void gelu_mul_cols(Act gate, Act src, int64_t col0, Act tmp, int n_rows) override {
@@ -604,9 +604,9 @@ class CudaExec final : public Exec {
   // the forward pass had 2 to 5). GEIST_CUDA_FUSE=0 runs the separate ops they stand for
   // instead, to compare; the bits are the same either way (CudaOps memcmp tests,
   // cuda_model_int_UNFUSED).
-  // The split attention kernel merging its own splits (AttnArgs::merge_counters): written
-  // 2026-12-05 while no device was lent, so only with GEIST_CUDA_ATTN_MERGE=1 until
-  // CudaOps.AttentionMergeInSplitSameBits and the model tests have passed on one.
+  // The split attention kernel merging its own splits (AttnArgs::merge_counters), with
+  // GEIST_CUDA_ATTN_MERGE=1: its tests passed on an H100 (2026-12-05) but tg128 measured no
+  // faster with it (CUDA.md), so the merge kernel stays the default.
   static bool merge_in_split() {
     static const bool v = [] {
       const char *e = std::getenv("GEIST_CUDA_ATTN_MERGE");
@@ -614,12 +614,12 @@ class CudaExec final : public Exec {
     }();
     return v;
   }
-  // GEIST_CUDA_KV_PAIR=1: K and V rows stored by one launch where the types match (written
-  // while no device was lent: off until CudaOps.KvAppendKAndVInOneLaunch has run on one).
+  // K and V rows stored by one launch where the types match (CudaOps.KvAppendKAndVInOneLaunch);
+  // GEIST_CUDA_KV_PAIR=0: one launch each.
   static bool kv_pair() {
     static const bool v = [] {
       const char *e = std::getenv("GEIST_CUDA_KV_PAIR");
-      return e != nullptr && std::strcmp(e, "1") == 0;
+      return e == nullptr || std::strcmp(e, "0") != 0;
     }();
     return v;
   }
@@ -690,27 +690,36 @@ class CudaExec final : public Exec {
     std::function<std::function<Status()>(int act_block, void *scratch)> make;
     int64_t unit = 0;
     const char *name = nullptr;  // the op's name once it quantizes
+    const char *kind = nullptr;  // GEIST_CUDA_FUSE_QUANT's name for it
   };
   Producer producer_;
 
   // GEIST_CUDA_FUSE_QUANT=1 (and GEIST_CUDA_FUSE not 0): producers quantize for the matmul
-  // after them (written while no device was lent: off until
-  // CudaOps.QuantizingProducersThenMatmulSameBits has run on one); else every matmul
-  // quantizes its own x.
-  static bool fuse_quant() {
-    static const bool v = [] {
+  // after them; or a list of which: norm (rmsnorm_add_norm), gelu (gelu_mul), attn (the
+  // attention), e.g. GEIST_CUDA_FUSE_QUANT=gelu,attn. Off by default: its tests passed on an
+  // H100 (2026-12-05) and E4B's tg128 gained ~2.5 %, but the 270M's lost ~4 % (CUDA.md);
+  // which producer costs the 270M is not known yet.
+  static bool fuse_quant(const char *producer) {
+    static const std::string list = [] {
       const char *e = std::getenv("GEIST_CUDA_FUSE_QUANT");
-      return e != nullptr && std::strcmp(e, "1") == 0;
+      if (e == nullptr) return std::string();
+      std::string l(",");
+      l.append(std::strcmp(e, "1") == 0 ? "norm,gelu,attn" : e).append(",");
+      return l;
     }();
-    return v && fuse();
+    if (!fuse() || producer == nullptr || list.empty()) return false;
+    std::string key(",");
+    key.append(producer).append(",");
+    return list.find(key) != std::string::npos;
   }
   // Where the op just recorded wrote x (all n_rows rows of the matrices' K) and the matrices
   // share one quantization of x: that op is replaced by its quantizing form, writing into
   // scratch, and true is returned (the matmul then runs on the scratch). The same bits.
   bool take_quantizing_producer(Act x, int n_rows, const cuda::DevMatrix *w, float *const *y, int n_mat,
                                 void *scratch) {
-    if (!fuse_quant() || !error_.is_ok() || !producer_.make || producer_.ops != ops_.size() || ops_.empty() ||
-        producer_.out != x.p || producer_.rows != n_rows || producer_.width != w[0].n_in || scratch == nullptr) {
+    if (!fuse_quant(producer_.kind) || !error_.is_ok() || !producer_.make || producer_.ops != ops_.size() ||
+        ops_.empty() || producer_.out != x.p || producer_.rows != n_rows || producer_.width != w[0].n_in ||
+        scratch == nullptr) {
       return false;
     }
     const int act_block = cuda::matmul_n_act_block(w, y, n_mat, n_rows);
@@ -732,13 +741,13 @@ class CudaExec final : public Exec {
   };
   HeadNormOp head_norm_;
 
-  // GEIST_CUDA_FUSE_KV=1 (and GEIST_CUDA_FUSE not 0): the K and V stores run inside the
-  // head_norm_rope before them (written while no device was lent: off until
-  // CudaOps.HeadNormRopeStoreIsOpsThenAppend has run on one).
+  // The K and V stores run inside the head_norm_rope before them
+  // (CudaOps.HeadNormRopeStoreIsOpsThenAppend); GEIST_CUDA_FUSE_KV=0 or GEIST_CUDA_FUSE=0:
+  // kv_append's own launches.
   static bool fuse_kv() {
     static const bool v = [] {
       const char *e = std::getenv("GEIST_CUDA_FUSE_KV");
-      return e != nullptr && std::strcmp(e, "1") == 0;
+      return e == nullptr || std::strcmp(e, "0") != 0;
     }();
     return v && fuse();
   }
