@@ -1364,6 +1364,13 @@ CUDA_TEST(CudaOps, AttentionFixedHeadDimSameBits) {
   }
 }
 
+// The cases of the merge tests: decode (1 row), the one-query kernel on 70 rows (two row
+// groups), a sliding window over a ring that wraps.
+std::vector<AttnCase> merge_cases(KvType t, int hd) {
+  return {AttnCase{1, 8, 2, hd, 0, 700, 800, t, t}, AttnCase{70, 4, 1, hd, 0, 130, 300, t, t},
+          AttnCase{9, 8, 2, hd, 100, 1000, 100 + 8, t, t}};
+}
+
 // The split kernel merging its own splits (the last block of a query does it, counted in by
 // AttnArgs::merge_counters) gives the merge kernel's bits, and leaves the counters zero for the
 // next call: decode (1 row) and the one-query kernel on up to 70 rows (two row groups),
@@ -1373,9 +1380,7 @@ CUDA_TEST(CudaOps, AttentionMergeInSplitSameBits) {
   REQUIRE_CUDA();
   for (KvType t : kKvTypes) {
     for (int hd : {64, 256, 512}) {
-      for (const AttnCase &c : std::vector<AttnCase>{AttnCase{1, 8, 2, hd, 0, 700, 800, t, t},
-                                                     AttnCase{70, 4, 1, hd, 0, 130, 300, t, t},
-                                                     AttnCase{9, 8, 2, hd, 100, 1000, 100 + 8, t, t}}) {
+      for (const AttnCase &c : merge_cases(t, hd)) {
         for (int chunk : {0, 1, 7}) {
           for (bool any : {false, true}) {
             SCOPED_TRACE(describe(c) + " chunk " + std::to_string(chunk) + (any ? " any head dim" : ""));
@@ -1398,9 +1403,7 @@ CUDA_TEST(CudaOps, AttentionQuantizedOutputSameBits) {
   REQUIRE_CUDA();
   for (KvType t : kKvTypes) {
     for (int hd : {64, 256, 512}) {
-      for (const AttnCase &c : std::vector<AttnCase>{AttnCase{1, 8, 2, hd, 0, 700, 800, t, t},
-                                                     AttnCase{70, 4, 1, hd, 0, 130, 300, t, t},
-                                                     AttnCase{9, 8, 2, hd, 100, 1000, 100 + 8, t, t}}) {
+      for (const AttnCase &c : merge_cases(t, hd)) {
         for (int qb : {32, 256}) {
           if (hd % qb != 0) continue;
           // (split, single query, merge counters): the merge kernel, the split kernel's own
