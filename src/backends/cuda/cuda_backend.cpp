@@ -694,15 +694,16 @@ class CudaExec final : public Exec {
   };
   Producer producer_;
 
-  // GEIST_CUDA_FUSE_QUANT=1 (and GEIST_CUDA_FUSE not 0): producers quantize for the matmul
-  // after them; or a list of which: norm (rmsnorm_add_norm), gelu (gelu_mul), attn (the
-  // attention), e.g. GEIST_CUDA_FUSE_QUANT=gelu,attn. Off by default: its tests passed on an
-  // H100 (2026-12-05) and E4B's tg128 gained ~2.5 %, but the 270M's lost ~4 % (CUDA.md);
-  // which producer costs the 270M is not known yet.
+  // Producers that quantize for the matmul after them (GEIST_CUDA_FUSE not 0): a list of
+  // norm (rmsnorm_add_norm), gelu (gelu_mul), attn (the attention) in GEIST_CUDA_FUSE_QUANT,
+  // 1 for all three, 0 for none; by default norm and attn. Measured on an H100 (2026-12-05,
+  // CUDA.md): E4B tg128 +6 % with norm and attn, the 270M unchanged; gelu's quantizing form
+  // (fewer threads for the GELU) lost 3 % on the 270M.
   static bool fuse_quant(const char *producer) {
     static const std::string list = [] {
       const char *e = std::getenv("GEIST_CUDA_FUSE_QUANT");
-      if (e == nullptr) return std::string();
+      if (e == nullptr) e = "norm,attn";
+      if (std::strcmp(e, "0") == 0) return std::string();
       std::string l(",");
       l.append(std::strcmp(e, "1") == 0 ? "norm,gelu,attn" : e).append(",");
       return l;
