@@ -667,6 +667,7 @@ CUDA_TEST(CudaOps, QuantizingProducersThenMatmulSameBits) {
       {512, {{G::Q4_K, 96}, {G::Q4_K, 64}}},
       {2560, {{G::Q4_K, 300}, {G::Q4_K, 300}}},
       {10240, {{G::Q6_K, 256}}},
+      {1024, {{G::Q8_0, 128}, {G::Q4_0, 64}}},  // Q8_0 blocks in rows of whole 256s
   };
   for (const Case &c : cases) {
     for (int n_rows : {1, 3, 8, 9, 64}) {

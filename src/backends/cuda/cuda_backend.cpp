@@ -698,7 +698,8 @@ class CudaExec final : public Exec {
   // norm (rmsnorm_add_norm), gelu (gelu_mul), attn (the attention) in GEIST_CUDA_FUSE_QUANT,
   // 1 for all three, 0 for none; by default norm and attn. Measured on an H100 (2026-12-05,
   // CUDA.md): E4B tg128 +6 % with norm and attn, the 270M unchanged; gelu's quantizing form
-  // (fewer threads for the GELU) lost 3 % on the 270M.
+  // lost 3 % on the 270M when it ran the GELU with a thread per 8 or 32 elements (one thread
+  // per element since, not yet measured: off until it has been).
   static bool fuse_quant(const char *producer) {
     static const std::string list = [] {
       const char *e = std::getenv("GEIST_CUDA_FUSE_QUANT");

@@ -103,6 +103,35 @@ __global__ void quantize_q8_k_kernel(Src src, int64_t K, int n_rows, int8_t *__r
   dev::quant_q8_k_block(v, lane, q + i0, d + size_t(r) * nb + blk);
 }
 
+// gelu_mul then its quantization with one thread per element: a block of 256 threads takes
+// 256 elements of a row (one Q8_K block or eight Q8_0 blocks), computes gelu_tanh(gate) * up
+// for its element, stores it to out and quantizes as the kernels above (Q8_0: each warp its
+// 32 elements in lane order; Q8_K: warp 0 from shared memory, lane j elements j + 32 t).
+// quantize_*_kernel<GeluSrc> has one thread per 32 or 8 elements, and so a chain of GELUs
+// per lane, which measured slower than gelu_mul + quantize on the 270M's 2048-wide rows.
+template <int kBlock>
+__global__ void __launch_bounds__(256) gelu_quantize_kernel(GeluSrc src, int64_t K, int8_t *__restrict__ q,
+                                                            float *__restrict__ d) {
+  dev::pdl_start();
+  __shared__ float v_sh[256];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int r = blockIdx.y;
+  const int64_t e0 = int64_t(blockIdx.x) * 256;
+  const size_t i0 = size_t(r) * K + e0;
+  const float v = src(i0 + threadIdx.x);  // K % 256 == 0: every thread has an element
+  if constexpr (kBlock == 32) {
+    dev::quant_q8_0_block(v, lane, q + i0 + 32 * warp, d + size_t(r) * (K / 32) + e0 / 32 + warp);
+  } else {
+    v_sh[threadIdx.x] = v;
+    __syncthreads();
+    if (warp != 0) return;
+    float vv[8];
+#pragma unroll
+    for (int t = 0; t < 8; ++t) vv[t] = v_sh[lane + 32 * t];
+    dev::quant_q8_k_block(vv, lane, q + i0, d + size_t(r) * (K / 256) + e0 / 256);
+  }
+}
+
 // ---- Q8 matmul --------------------------------------------------------------------------------
 
 constexpr int kWarpsPerBlock = 4;  // output rows n per thread block
@@ -903,7 +932,18 @@ Status gelu_mul_quantize(const float *gate, const float *up, float *out, int n_r
     return bad_arg("cuda::gelu_mul_quantize: bad arguments");
   }
   if (n_rows == 0) return Status::ok();
-  (void)quantize_acts(GeluSrc{gate, up, out}, K, n_rows, act_block, scratch, s);
+  if (K % 256 == 0) {
+    const dim3 grid(unsigned(K / 256), unsigned(n_rows));
+    int8_t *q = act_quants(scratch);
+    float *d = act_scales(scratch, n_rows, K);
+    if (act_block == 32) {
+      launch(gelu_quantize_kernel<32>, grid, 256, s, GeluSrc{gate, up, out}, K, q, d);
+    } else {
+      launch(gelu_quantize_kernel<256>, grid, 256, s, GeluSrc{gate, up, out}, K, q, d);
+    }
+  } else {
+    (void)quantize_acts(GeluSrc{gate, up, out}, K, n_rows, act_block, scratch, s);
+  }
   return launch_status("cuda::gelu_mul_quantize");
 }
 
