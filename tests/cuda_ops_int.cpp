@@ -405,6 +405,7 @@ CUDA_TEST(CudaOps, MatmulNMixedTypesBitExact) {
       {{G::Q4_0, 96}, {G::Q4_0, 33}, {G::Q4_0, 200}, {G::Q4_0, 8}, {G::Q4_0, 65}},
       {{G::Q8_0, 300}, {G::Q4_K, 70}, {G::Q5_0, 40}},
       {{G::Q4_K, 130}, {G::Q6_K, 64}, {G::Q4_K, 17}},
+      {{G::Q4_K, 200}, {G::Q4_K, 64}, {G::Q6_K, 64}},  // q, k, v of Q4_K_M (GEIST_CUDA_MIXED_SET)
   };
   const std::vector<float> x = random_acts(kMaxRows, k, rng);
   DevBuf dx(x);

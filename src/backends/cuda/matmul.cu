@@ -858,6 +858,7 @@ bool shares_quantization(const DevMatrix *ws, float *const *ys, int n_mat, int n
 // kernel), one per matrix elsewhere.
 Status matmul_n_on(const DevMatrix *ws, float *const *ys, int n_mat, const QuantizedActs &qa, int n_rows,
                    CudaStream s) {
+  if (matmul_kquant_mixed(ws, ys, n_mat, qa.q, qa.d, n_rows, s)) return launch_status("cuda::matmul_n (mixed set)");
   for (int m0 = 0; m0 < n_mat;) {
     int m1 = m0 + 1;
     while (m1 < n_mat && ws[m1].type == ws[m0].type) ++m1;

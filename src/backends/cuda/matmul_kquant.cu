@@ -177,16 +177,18 @@ struct MvSet {
 // row) adds the terms in block order. The same terms added in the same order as P = 1.
 constexpr int kMvSplitMaxBlocks = 128;  // super-blocks per row (K <= 32768) for P > 1
 
+// The kernel's body for block bx (matvec_kernel: blockIdx.x; matvec2_kernel: its blocks of
+// one of two sets).
 template <GgmlType T, int R, int P>
-__global__ void __launch_bounds__(kMvWarps * 32)
-    matvec_kernel(MvSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd, int n_rows) {
+__device__ __forceinline__ void matvec_body(const MvSet &set, int64_t K, const int8_t *__restrict__ xq,
+                                            const float *__restrict__ xd, int n_rows, int64_t bx) {
   using L = KQ<T>;
   static_assert(P == 1 || R <= 2, "the split kernel keeps 2 rows of terms");
   constexpr int kSegBytes = 32 / L::kSegs, kOuts = kMvWarps / P;
   __shared__ float terms[P > 1 ? kOuts * R * kMvSplitMaxBlocks : 1];
   const int lane = threadIdx.x % 32, g = lane / 8, t = lane % 8;
   const int warp = threadIdx.x / 32, part = warp % P;
-  const int64_t gw = int64_t(blockIdx.x) * kOuts + warp / P;  // the output, over the set
+  const int64_t gw = bx * kOuts + warp / P;  // the output, over the set
   const bool active = gw < set.first[set.n];
   int m = 0;
   while (m + 1 < set.n && gw >= set.first[m + 1]) ++m;
@@ -277,7 +279,7 @@ __global__ void __launch_bounds__(kMvWarps * 32)
     __syncthreads();
     // Thread (o, r) of the block: output o's row r, its terms in block order.
     const int o = threadIdx.x / R, r = threadIdx.x % R;
-    const int64_t go = int64_t(blockIdx.x) * kOuts + o;
+    const int64_t go = bx * kOuts + o;
     if (o < kOuts && r < n_rows && go < set.first[set.n]) {
       int mo = 0;
       while (mo + 1 < set.n && go >= set.first[mo + 1]) ++mo;
@@ -285,6 +287,27 @@ __global__ void __launch_bounds__(kMvWarps * 32)
       for (int64_t b = 0; b < nb; ++b) acc = __fadd_rn(acc, terms[(o * R + r) * kMvSplitMaxBlocks + b]);
       set.y[mo][size_t(r) * set.n_out[mo] + (go - set.first[mo])] = acc;
     }
+  }
+}
+
+template <GgmlType T, int R, int P>
+__global__ void __launch_bounds__(kMvWarps * 32)
+    matvec_kernel(MvSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd, int n_rows) {
+  matvec_body<T, R, P>(set, K, xq, xd, n_rows, int64_t(blockIdx.x));
+}
+
+// One row of two sets of different types in one launch (Q4_K_M's q and k, Q4_K, beside its
+// v, Q6_K): blocks [0, blocks1) run s1 as matvec_kernel<T1, 1, P> would, the others s2 with
+// T2. Each output gets the bits of its own type's kernel; one launch instead of two, whose
+// second would wait for the first although it does not depend on it.
+template <GgmlType T1, GgmlType T2, int P>
+__global__ void __launch_bounds__(kMvWarps * 32)
+    matvec2_kernel(MvSet s1, MvSet s2, int64_t blocks1, int64_t K, const int8_t *__restrict__ xq,
+                   const float *__restrict__ xd) {
+  if (int64_t(blockIdx.x) < blocks1) {
+    matvec_body<T1, 1, P>(s1, K, xq, xd, 1, int64_t(blockIdx.x));
+  } else {
+    matvec_body<T2, 1, P>(s2, K, xq, xd, 1, int64_t(blockIdx.x) - blocks1);
   }
 }
 
@@ -1861,6 +1884,29 @@ void launch_matvec(const MvSet &set, int64_t K, const int8_t *xq, const float *x
 }
 
 
+// GEIST_CUDA_MIXED_SET=1: one row of a Q4_K run then a Q6_K run (q, k and v of Q4_K_M) in one
+// launch of the dp4a matvec where each run alone would take it (written while no device
+// was lent: off until CudaOps.MatmulNMixedTypesBitExact has run with it on one).
+bool mixed_set_enabled() {
+  static const bool v = env_int("GEIST_CUDA_MIXED_SET", 0) != 0;
+  return v;
+}
+
+MvSet one_row_set(const DevMatrix *ws, float *const *ys, int n) {
+  MvSet set{};
+  set.n = n;
+  set.prefetch = prefetch_mode();
+  set.first[0] = 0;
+  for (int i = 0; i < n; ++i) {
+    set.w[i] = ws[i].data;
+    set.row_bytes[i] = ws[i].row_bytes;
+    set.y[i] = ys[i];
+    set.n_out[i] = ws[i].n_out;
+    set.first[i + 1] = set.first[i] + ws[i].n_out;
+  }
+  return set;
+}
+
 // GEIST_CUDA_MVMMA_P=1/2/4/8: the warps per 16 outputs of mvmma_kernel, forced, and the
 // kernel taken for one row whatever the matrix (knobs to compare and to test; the bits are
 // the same); 0 when unset.
@@ -2147,6 +2193,46 @@ void matmul_q32_mma(const DevMatrix &w, const int8_t *xq, const float *xd, float
     launch(matmul_q32_mma_kernel<T>, grid, 128, s, w.data, w.row_bytes, w.n_in, w.n_out, xq, xd, y, n_rows,
            prefetch_mode());
   });
+}
+
+bool matmul_kquant_mixed(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd,
+                         int n_rows, CudaStream s) {
+  using G = GgmlType;
+  if (!mixed_set_enabled() || n_rows != 1 || n_mat < 2 || reference_kernels()) return false;
+  int split = 0;
+  while (split < n_mat && ws[split].type == G::Q4_K) ++split;
+  if (split == 0 || split == n_mat || split > kMaxSet || n_mat - split > kMaxSet) return false;
+  for (int m = split; m < n_mat; ++m) {
+    if (ws[m].type != G::Q6_K) return false;
+  }
+  // Only where each run alone would take the dp4a matvec: under the staged kernel's size and
+  // the one-row tensor-core kernel's tile count.
+  auto dp4a_alone = [&](int m0, int m1) {
+    int64_t bytes = 0, tiles = 0;
+    for (int m = m0; m < m1; ++m) {
+      bytes += int64_t(ws[m].row_bytes) * ws[m].n_out;
+      tiles += (ws[m].n_out + 15) / 16;
+    }
+    const bool mma = kquant_mma_min_rows() < (1 << 30) && kquant_mvmma_max_rows() >= 1;
+    return (!mvs_enabled() || bytes < mvs_min_bytes()) &&
+           !(mma && (tiles >= kMvmmaMinTiles1 || mvmma_forced_split() != 0));
+  };
+  if (!dp4a_alone(0, split) || !dp4a_alone(split, n_mat)) return false;
+  const int64_t K = ws[0].n_in;
+  const MvSet s1 = one_row_set(ws, ys, split), s2 = one_row_set(ws + split, ys + split, n_mat - split);
+  const int64_t outputs = s1.first[s1.n] + s2.first[s2.n];
+  auto go = [&](auto kernel, int p) {
+    const int outs = kMvWarps / p;
+    const int64_t b1 = (s1.first[s1.n] + outs - 1) / outs, b2 = (s2.first[s2.n] + outs - 1) / outs;
+    launch(kernel, dim3(unsigned(b1 + b2)), kMvWarps * 32, s, s1, s2, b1, K, xq, xd);
+  };
+  switch (matvec_split(outputs, K / 256, 1)) {
+    case 2: go(matvec2_kernel<G::Q4_K, G::Q6_K, 2>, 2); break;
+    case 4: go(matvec2_kernel<G::Q4_K, G::Q6_K, 4>, 4); break;
+    case 8: go(matvec2_kernel<G::Q4_K, G::Q6_K, 8>, 8); break;
+    default: go(matvec2_kernel<G::Q4_K, G::Q6_K, 1>, 1); break;
+  }
+  return true;
 }
 
 void matmul_kquant(const DevMatrix &w, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s) {

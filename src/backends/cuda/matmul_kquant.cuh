@@ -29,6 +29,11 @@ void matmul_kquant(const DevMatrix &w, const int8_t *xq, const float *xd, float 
 // The same for n_mat matrices of one K-quant type and one K sharing the activations.
 void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd, int n_rows,
                      CudaStream s);
+// One row of a Q4_K run then a Q6_K run sharing x (Q4_K_M's q, k and v) in one launch of
+// the dp4a matvec, where GEIST_CUDA_MIXED_SET=1 and each run alone would take that kernel;
+// false, with nothing launched, otherwise. The bits of matmul_kquant_n on each run.
+bool matmul_kquant_mixed(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd,
+                         int n_rows, CudaStream s);
 
 // Q4_0, Q5_0, Q8_0 (Q8_0-mode activations: xq [n_rows][K] int8, xd [n_rows][K / 32]) on
 // int8 tensor cores, 64 x 64 tiles: dot_q8_0_blocks's bits (the integer sum of each
