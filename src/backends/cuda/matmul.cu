@@ -211,24 +211,17 @@ struct Q32Set {
   int64_t n_out[kQ32SetMax];
   int64_t first[kQ32SetMax + 1];  // outputs before matrix m; first[n] = the total
   int n;
+  GgmlType type[kQ32SetMax];  // matvec_q32_mixed_kernel: each matrix's type
 };
 
+// One warp's output n of a matrix of type T (row wrow, y [rows][n_out]) after pdl_start.
 template <GgmlType T, int R>
-__global__ void __launch_bounds__(kMvq32Warps * 32)
-    matvec_q32_kernel(Q32Set set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd,
-                      int n_rows, int pf) {
+__device__ __forceinline__ void q32_warp(const uint8_t *wrow, float *__restrict__ y, int64_t n, int64_t n_out,
+                                         int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                         int n_rows) {
   using BI = dev::BlockInfo<T>;
   static_assert(BI::kBlock == 32 && BI::kDminOff < 0, "32-element blocks without mins");
   const int lane = threadIdx.x % 32, gb = lane / 4, part = lane % 4;
-  const int64_t g = int64_t(blockIdx.x) * kMvq32Warps + threadIdx.x / 32;
-  int m = 0;
-  while (m + 1 < set.n && g >= set.first[m + 1]) ++m;
-  const int64_t n = g - set.first[m], n_out = set.n_out[m];
-  float *__restrict__ y = set.y[m];
-  const uint8_t *wrow = set.w[m] + size_t(n < n_out ? n : 0) * set.row_bytes[m];
-  if (n < n_out) dev::prefetch_lines(wrow, set.row_bytes[m], lane, 32, pf);
-  dev::pdl_start();
-  if (n >= n_out) return;  // whole warps
   const int64_t nb = K / 32;
   float sum[R];
 #pragma unroll
@@ -279,6 +272,46 @@ __global__ void __launch_bounds__(kMvq32Warps * 32)
     for (int r = 0; r < R; ++r) {
       if (r < n_rows) y[size_t(r) * n_out + n] = sum[r];
     }
+  }
+}
+
+template <GgmlType T, int R>
+__global__ void __launch_bounds__(kMvq32Warps * 32)
+    matvec_q32_kernel(Q32Set set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                      int n_rows, int pf) {
+  const int lane = threadIdx.x % 32;
+  const int64_t g = int64_t(blockIdx.x) * kMvq32Warps + threadIdx.x / 32;
+  int m = 0;
+  while (m + 1 < set.n && g >= set.first[m + 1]) ++m;
+  const int64_t n = g - set.first[m], n_out = set.n_out[m];
+  const uint8_t *wrow = set.w[m] + size_t(n < n_out ? n : 0) * set.row_bytes[m];
+  if (n < n_out) dev::prefetch_lines(wrow, set.row_bytes[m], lane, 32, pf);
+  dev::pdl_start();
+  if (n >= n_out) return;  // whole warps
+  q32_warp<T, R>(wrow, set.y[m], n, n_out, K, xq, xd, n_rows);
+}
+
+// The same over a set whose matrices have different 32-block types (set.type): each warp
+// runs its matrix's type, so every output gets the bits of its own type's kernel. The 270M's
+// q and k (Q5_0) and v (Q8_0) in one launch instead of two.
+template <int R>
+__global__ void __launch_bounds__(kMvq32Warps * 32)
+    matvec_q32_mixed_kernel(Q32Set set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                            int n_rows, int pf) {
+  const int lane = threadIdx.x % 32;
+  const int64_t g = int64_t(blockIdx.x) * kMvq32Warps + threadIdx.x / 32;
+  int m = 0;
+  while (m + 1 < set.n && g >= set.first[m + 1]) ++m;
+  const int64_t n = g - set.first[m], n_out = set.n_out[m];
+  const uint8_t *wrow = set.w[m] + size_t(n < n_out ? n : 0) * set.row_bytes[m];
+  if (n < n_out) dev::prefetch_lines(wrow, set.row_bytes[m], lane, 32, pf);
+  dev::pdl_start();
+  if (n >= n_out) return;  // whole warps
+  float *y = set.y[m];
+  switch (set.type[m]) {
+    case GgmlType::Q4_0: q32_warp<GgmlType::Q4_0, R>(wrow, y, n, n_out, K, xq, xd, n_rows); break;
+    case GgmlType::Q5_0: q32_warp<GgmlType::Q5_0, R>(wrow, y, n, n_out, K, xq, xd, n_rows); break;
+    default: q32_warp<GgmlType::Q8_0, R>(wrow, y, n, n_out, K, xq, xd, n_rows); break;
   }
 }
 
@@ -769,6 +802,45 @@ void launch_q32_matvec(const DevMatrix *ws, float *const *ys, int n, const Quant
   }
 }
 
+// Up to kQ32SetMax matrices of 32-block types, not all of one type, each with q32_matvec
+// true, in one launch of matvec_q32_mixed_kernel (GEIST_CUDA_MIXED_SET=1, written while no
+// device was lent: off until CudaOps.MatmulNMixedTypesBitExact has run with it on one).
+// false, with nothing launched, where that does not apply.
+bool launch_q32_matvec_mixed(const DevMatrix *ws, float *const *ys, int n, const QuantizedActs &qa, int n_rows,
+                             CudaStream s) {
+  static const bool on = env_int("GEIST_CUDA_MIXED_SET", 0) != 0;
+  if (!on || n < 2 || n > kQ32SetMax) return false;
+  bool mixed = false;
+  for (int m = 0; m < n; ++m) {
+    if (!q32_matvec(ws[m], n_rows) || ws[m].n_in != ws[0].n_in) return false;
+    mixed = mixed || ws[m].type != ws[0].type;
+  }
+  if (!mixed) return false;
+  Q32Set set{};
+  set.n = n;
+  for (int m = 0; m < n; ++m) {
+    set.w[m] = ws[m].data;
+    set.row_bytes[m] = ws[m].row_bytes;
+    set.y[m] = ys[m];
+    set.n_out[m] = ws[m].n_out;
+    set.first[m + 1] = set.first[m] + ws[m].n_out;
+    set.type[m] = ws[m].type;
+  }
+  const dim3 g(unsigned((set.first[n] + kMvq32Warps - 1) / kMvq32Warps));
+  const int64_t K = ws[0].n_in;
+  auto go = [&](auto kernel) { launch(kernel, g, kMvq32Warps * 32, s, set, K, qa.q, qa.d, n_rows, prefetch_mode()); };
+  if (n_rows == 1) {
+    go(matvec_q32_mixed_kernel<1>);
+  } else if (n_rows == 2) {
+    go(matvec_q32_mixed_kernel<2>);
+  } else if (n_rows <= 4) {
+    go(matvec_q32_mixed_kernel<4>);
+  } else {
+    go(matvec_q32_mixed_kernel<8>);
+  }
+  return true;
+}
+
 // The Q8-mode matmul once x is quantized (qa: matmul_scratch_bytes' layout for w).
 Status matmul_quantized(const DevMatrix &w, const QuantizedActs &qa, float *y, int n_rows, CudaStream s) {
   const int8_t *xq = qa.q;
@@ -858,7 +930,10 @@ bool shares_quantization(const DevMatrix *ws, float *const *ys, int n_mat, int n
 // kernel), one per matrix elsewhere.
 Status matmul_n_on(const DevMatrix *ws, float *const *ys, int n_mat, const QuantizedActs &qa, int n_rows,
                    CudaStream s) {
-  if (matmul_kquant_mixed(ws, ys, n_mat, qa.q, qa.d, n_rows, s)) return launch_status("cuda::matmul_n (mixed set)");
+  if (matmul_kquant_mixed(ws, ys, n_mat, qa.q, qa.d, n_rows, s) ||
+      launch_q32_matvec_mixed(ws, ys, n_mat, qa, n_rows, s)) {
+    return launch_status("cuda::matmul_n (mixed set)");
+  }
   for (int m0 = 0; m0 < n_mat;) {
     int m1 = m0 + 1;
     while (m1 < n_mat && ws[m1].type == ws[m0].type) ++m1;
