@@ -680,9 +680,9 @@ class CudaExec final : public Exec {
     std::function<Status()> f;
   };
   // The last recorded op, where it is one that can also quantize what it writes for the
-  // matmul after it (gelu_mul, rmsnorm_add_norm): the rows it writes, and how to make the
-  // op that does both. ops = ops_.size() just after it was recorded.
-  // unit: the act blocks it can quantize divide unit (the width, or attention's head dim).
+  // matmul after it (gelu_mul, rmsnorm_add_norm, attention): the rows it writes, and how to
+  // make the op that does both. ops = ops_.size() just after it was recorded. unit: the
+  // act blocks it can quantize divide unit (the width, or the attention's head dim).
   struct Producer {
     size_t ops = 0;
     const float *out = nullptr;
