@@ -275,20 +275,31 @@ __device__ __forceinline__ void q32_warp(const uint8_t *wrow, float *__restrict_
   }
 }
 
+// The warp's place in the set: matrix *m, output *n, its row *wrow (asked of L2 before
+// pdl_start). false past the set's last output (whole warps).
+__device__ __forceinline__ bool q32_place(const Q32Set &set, int pf, int *m, int64_t *n, const uint8_t **wrow) {
+  const int64_t g = int64_t(blockIdx.x) * kMvq32Warps + threadIdx.x / 32;
+  int mm = 0;
+  while (mm + 1 < set.n && g >= set.first[mm + 1]) ++mm;
+  const int64_t nn = g - set.first[mm];
+  const bool live = nn < set.n_out[mm];
+  *wrow = set.w[mm] + size_t(live ? nn : 0) * set.row_bytes[mm];
+  if (live) dev::prefetch_lines(*wrow, set.row_bytes[mm], int(threadIdx.x % 32), 32, pf);
+  dev::pdl_start();
+  *m = mm;
+  *n = nn;
+  return live;
+}
+
 template <GgmlType T, int R>
 __global__ void __launch_bounds__(kMvq32Warps * 32)
     matvec_q32_kernel(Q32Set set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd,
                       int n_rows, int pf) {
-  const int lane = threadIdx.x % 32;
-  const int64_t g = int64_t(blockIdx.x) * kMvq32Warps + threadIdx.x / 32;
-  int m = 0;
-  while (m + 1 < set.n && g >= set.first[m + 1]) ++m;
-  const int64_t n = g - set.first[m], n_out = set.n_out[m];
-  const uint8_t *wrow = set.w[m] + size_t(n < n_out ? n : 0) * set.row_bytes[m];
-  if (n < n_out) dev::prefetch_lines(wrow, set.row_bytes[m], lane, 32, pf);
-  dev::pdl_start();
-  if (n >= n_out) return;  // whole warps
-  q32_warp<T, R>(wrow, set.y[m], n, n_out, K, xq, xd, n_rows);
+  int m;
+  int64_t n;
+  const uint8_t *wrow;
+  if (!q32_place(set, pf, &m, &n, &wrow)) return;
+  q32_warp<T, R>(wrow, set.y[m], n, set.n_out[m], K, xq, xd, n_rows);
 }
 
 // The same over a set whose matrices have different 32-block types (set.type): each warp
@@ -298,16 +309,12 @@ template <int R>
 __global__ void __launch_bounds__(kMvq32Warps * 32)
     matvec_q32_mixed_kernel(Q32Set set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd,
                             int n_rows, int pf) {
-  const int lane = threadIdx.x % 32;
-  const int64_t g = int64_t(blockIdx.x) * kMvq32Warps + threadIdx.x / 32;
-  int m = 0;
-  while (m + 1 < set.n && g >= set.first[m + 1]) ++m;
-  const int64_t n = g - set.first[m], n_out = set.n_out[m];
-  const uint8_t *wrow = set.w[m] + size_t(n < n_out ? n : 0) * set.row_bytes[m];
-  if (n < n_out) dev::prefetch_lines(wrow, set.row_bytes[m], lane, 32, pf);
-  dev::pdl_start();
-  if (n >= n_out) return;  // whole warps
+  int m;
+  int64_t n;
+  const uint8_t *wrow;
+  if (!q32_place(set, pf, &m, &n, &wrow)) return;
   float *y = set.y[m];
+  const int64_t n_out = set.n_out[m];
   switch (set.type[m]) {
     case GgmlType::Q4_0: q32_warp<GgmlType::Q4_0, R>(wrow, y, n, n_out, K, xq, xd, n_rows); break;
     case GgmlType::Q5_0: q32_warp<GgmlType::Q5_0, R>(wrow, y, n, n_out, K, xq, xd, n_rows); break;
