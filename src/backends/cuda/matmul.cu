@@ -773,20 +773,27 @@ bool q32_matvec(const DevMatrix &w, int n_rows) {
          (n_rows <= 2 || (n_rows <= 8 && (w.n_out + 63) / 64 < device_sm_count()));
 }
 
+// The set of n (<= kQ32SetMax) matrices and their outputs.
+Q32Set q32_set(const DevMatrix *ws, float *const *ys, int n) {
+  Q32Set set{};
+  set.n = n;
+  for (int m = 0; m < n; ++m) {
+    set.w[m] = ws[m].data;
+    set.row_bytes[m] = ws[m].row_bytes;
+    set.y[m] = ys[m];
+    set.n_out[m] = ws[m].n_out;
+    set.first[m + 1] = set.first[m] + ws[m].n_out;
+    set.type[m] = ws[m].type;
+  }
+  return set;
+}
+
 // The matrix-vector kernel over n (<= kQ32SetMax per launch) matrices of one 32-block type
 // and K, each with q32_matvec true.
 void launch_q32_matvec(const DevMatrix *ws, float *const *ys, int n, const QuantizedActs &qa, int n_rows,
                        CudaStream s) {
   for (int m0 = 0; m0 < n; m0 += kQ32SetMax) {
-    Q32Set set{};
-    set.n = n - m0 < kQ32SetMax ? n - m0 : kQ32SetMax;
-    for (int m = 0; m < set.n; ++m) {
-      set.w[m] = ws[m0 + m].data;
-      set.row_bytes[m] = ws[m0 + m].row_bytes;
-      set.y[m] = ys[m0 + m];
-      set.n_out[m] = ws[m0 + m].n_out;
-      set.first[m + 1] = set.first[m] + ws[m0 + m].n_out;
-    }
+    const Q32Set set = q32_set(ws + m0, ys + m0, n - m0 < kQ32SetMax ? n - m0 : kQ32SetMax);
     const dim3 g(unsigned((set.first[set.n] + kMvq32Warps - 1) / kMvq32Warps));
     const int64_t K = ws[m0].n_in;
     dispatch_q8(ws[m0].type, [&](auto tag) {
@@ -823,16 +830,7 @@ bool launch_q32_matvec_mixed(const DevMatrix *ws, float *const *ys, int n, const
     mixed = mixed || ws[m].type != ws[0].type;
   }
   if (!mixed) return false;
-  Q32Set set{};
-  set.n = n;
-  for (int m = 0; m < n; ++m) {
-    set.w[m] = ws[m].data;
-    set.row_bytes[m] = ws[m].row_bytes;
-    set.y[m] = ys[m];
-    set.n_out[m] = ws[m].n_out;
-    set.first[m + 1] = set.first[m] + ws[m].n_out;
-    set.type[m] = ws[m].type;
-  }
+  const Q32Set set = q32_set(ws, ys, n);
   const dim3 g(unsigned((set.first[n] + kMvq32Warps - 1) / kMvq32Warps));
   const int64_t K = ws[0].n_in;
   auto go = [&](auto kernel) { launch(kernel, g, kMvq32Warps * 32, s, set, K, qa.q, qa.d, n_rows, prefetch_mode()); };
