@@ -696,14 +696,14 @@ class CudaExec final : public Exec {
 
   // Producers that quantize for the matmul after them (GEIST_CUDA_FUSE not 0): a list of
   // norm (rmsnorm_add_norm), gelu (gelu_mul), attn (the attention) in GEIST_CUDA_FUSE_QUANT,
-  // 1 for all three, 0 for none; by default norm and attn. Measured on an H100 (2026-12-05,
-  // CUDA.md): E4B tg128 +6 % with norm and attn, the 270M unchanged; gelu's quantizing form
-  // lost 3 % on the 270M when it ran the GELU with a thread per 8 or 32 elements (one thread
-  // per element since, not yet measured: off until it has been).
+  // 1 for all three (the default), 0 for none. Measured on an H100 (2026-12-05, CUDA.md):
+  // E4B tg128 +6 % with norm and attn; gelu's quantizing form lost 3 % on the 270M while it
+  // ran the GELU with a thread per 8 or 32 elements, and with a thread per element (since)
+  // it gains with the mixed-type sets (270M 1065 -> 1103 t/s).
   static bool fuse_quant(const char *producer) {
     static const std::string list = [] {
       const char *e = std::getenv("GEIST_CUDA_FUSE_QUANT");
-      if (e == nullptr) e = "norm,attn";
+      if (e == nullptr) e = "1";
       if (std::strcmp(e, "0") == 0) return std::string();
       std::string l(",");
       l.append(std::strcmp(e, "1") == 0 ? "norm,gelu,attn" : e).append(",");
