@@ -275,46 +275,17 @@ __device__ __forceinline__ void q32_warp(const uint8_t *wrow, float *__restrict_
   }
 }
 
-// A warp's staging buffer in matvec_q32_kernel: rows of up to 2176 bytes (K = 2048 of Q8_0).
-constexpr int kQ32StageBytes = 2176;
-
-// GEIST_CUDA_Q32_STAGE=1: the warp copies its row into shared memory with 8-byte cp.async
-// before pdl_start (weights never depend on the kernel before), all of it in flight at once,
-// and reads its blocks from there; otherwise it asks L2 for the row and reads the blocks from
-// global memory a step at a time. The same bytes, so the same bits.
-int q32_stage_mode() {
-  static const int v = env_int("GEIST_CUDA_Q32_STAGE", 0) != 0 ? 1 : 0;
-  return v;
-}
-
-size_t q32_stage_smem() { return q32_stage_mode() != 0 ? size_t(kMvq32Warps) * kQ32StageBytes : 0; }
-
-// The warp's place in the set: matrix *m, output *n, its row *wrow (staged into `stage` when
-// `staged` and the row fits it 8-byte aligned, else asked of L2), all before pdl_start.
-// false past the set's last output (whole warps).
-__device__ __forceinline__ bool q32_place(const Q32Set &set, int pf, int staged, uint8_t *stage, int *m, int64_t *n,
-                                          const uint8_t **wrow) {
+// The warp's place in the set: matrix *m, output *n, its row *wrow (asked of L2 before
+// pdl_start). false past the set's last output (whole warps).
+__device__ __forceinline__ bool q32_place(const Q32Set &set, int pf, int *m, int64_t *n, const uint8_t **wrow) {
   const int64_t g = int64_t(blockIdx.x) * kMvq32Warps + threadIdx.x / 32;
   int mm = 0;
   while (mm + 1 < set.n && g >= set.first[mm + 1]) ++mm;
   const int64_t nn = g - set.first[mm];
   const bool live = nn < set.n_out[mm];
-  const size_t rb = set.row_bytes[mm];
-  *wrow = set.w[mm] + size_t(live ? nn : 0) * rb;
-  const bool copy = live && staged != 0 && rb <= size_t(kQ32StageBytes) && rb % 8 == 0 &&
-                    (reinterpret_cast<uintptr_t>(*wrow) & 7) == 0;
-  if (copy) {
-    for (size_t c = threadIdx.x % 32; c < rb / 8; c += 32) dev::cp_async8(stage + 8 * c, *wrow + 8 * c);
-    dev::cp_async_commit();
-  } else if (live) {
-    dev::prefetch_lines(*wrow, rb, int(threadIdx.x % 32), 32, pf);
-  }
+  *wrow = set.w[mm] + size_t(live ? nn : 0) * set.row_bytes[mm];
+  if (live) dev::prefetch_lines(*wrow, set.row_bytes[mm], int(threadIdx.x % 32), 32, pf);
   dev::pdl_start();
-  if (copy) {
-    dev::cp_async_wait_all();
-    __syncwarp();
-    *wrow = stage;
-  }
   *m = mm;
   *n = nn;
   return live;
@@ -323,12 +294,11 @@ __device__ __forceinline__ bool q32_place(const Q32Set &set, int pf, int staged,
 template <GgmlType T, int R>
 __global__ void __launch_bounds__(kMvq32Warps * 32)
     matvec_q32_kernel(Q32Set set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd,
-                      int n_rows, int pf, int staged) {
-  extern __shared__ __align__(16) uint8_t q32_stage_sm[];  // kMvq32Warps x kQ32StageBytes when staged
+                      int n_rows, int pf) {
   int m;
   int64_t n;
   const uint8_t *wrow;
-  if (!q32_place(set, pf, staged, q32_stage_sm + (threadIdx.x / 32) * kQ32StageBytes, &m, &n, &wrow)) return;
+  if (!q32_place(set, pf, &m, &n, &wrow)) return;
   q32_warp<T, R>(wrow, set.y[m], n, set.n_out[m], K, xq, xd, n_rows);
 }
 
@@ -338,12 +308,11 @@ __global__ void __launch_bounds__(kMvq32Warps * 32)
 template <int R>
 __global__ void __launch_bounds__(kMvq32Warps * 32)
     matvec_q32_mixed_kernel(Q32Set set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd,
-                            int n_rows, int pf, int staged) {
-  extern __shared__ __align__(16) uint8_t q32_stage_sm[];  // kMvq32Warps x kQ32StageBytes when staged
+                            int n_rows, int pf) {
   int m;
   int64_t n;
   const uint8_t *wrow;
-  if (!q32_place(set, pf, staged, q32_stage_sm + (threadIdx.x / 32) * kQ32StageBytes, &m, &n, &wrow)) return;
+  if (!q32_place(set, pf, &m, &n, &wrow)) return;
   float *y = set.y[m];
   const int64_t n_out = set.n_out[m];
   switch (set.type[m]) {
@@ -831,8 +800,7 @@ void launch_q32_matvec(const DevMatrix *ws, float *const *ys, int n, const Quant
       constexpr GgmlType T = decltype(tag)::value;
       if constexpr (dev::BlockInfo<T>::kBlock == 32) {
         auto go = [&](auto kernel) {
-          launch_smem(kernel, g, kMvq32Warps * 32, q32_stage_smem(), s, set, K, qa.q, qa.d, n_rows, prefetch_mode(),
-                      q32_stage_mode());
+          launch(kernel, g, kMvq32Warps * 32, s, set, K, qa.q, qa.d, n_rows, prefetch_mode());
         };
         if (n_rows == 1) {
           go(matvec_q32_kernel<T, 1>);
@@ -865,10 +833,7 @@ bool launch_q32_matvec_mixed(const DevMatrix *ws, float *const *ys, int n, const
   const Q32Set set = q32_set(ws, ys, n);
   const dim3 g(unsigned((set.first[n] + kMvq32Warps - 1) / kMvq32Warps));
   const int64_t K = ws[0].n_in;
-  auto go = [&](auto kernel) {
-    launch_smem(kernel, g, kMvq32Warps * 32, q32_stage_smem(), s, set, K, qa.q, qa.d, n_rows, prefetch_mode(),
-                q32_stage_mode());
-  };
+  auto go = [&](auto kernel) { launch(kernel, g, kMvq32Warps * 32, s, set, K, qa.q, qa.d, n_rows, prefetch_mode()); };
   if (n_rows == 1) {
     go(matvec_q32_mixed_kernel<1>);
   } else if (n_rows == 2) {
