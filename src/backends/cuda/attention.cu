@@ -830,32 +830,33 @@ __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0,
     }
     __syncthreads();  // sc, act and al are reused by the next chunk
   }
-  // Partials, as the single-query kernel writes them: query head qh's (m, l, o[HD]) of this
-  // split; `first` writes m and l.
-  auto partial = [&](int qh, bool first) {
-    const int rr = rt0 + qh / group, h = g * group + qh % group;
-    float *pp = part + ((size_t(rr) * a.n_head + h) * kSplits + s) * size_t(HD + 2);
-    if (first) {
-      pp[0] = ms[qh];
-      pp[1] = ls[qh];
-    }
-    return pp + 2;
-  };
+  // Partials, as the single-query kernel writes them.
   if constexpr (TL) {
 #pragma unroll
     for (int h = 0; h < 4; ++h) {
-      if (!qh_live(4 * hq + h)) continue;
-      float *po = partial(4 * hq + h, dq == 0);
+      const int qh = 4 * hq + h;
+      if (!qh_live(qh)) continue;
+      const int rr = rt0 + qh / group, hh = g * group + qh % group;
+      float *pp = part + ((size_t(rr) * a.n_head + hh) * kSplits + s) * size_t(HD + 2);
+      if (dq == 0) {
+        pp[0] = ms[qh];
+        pp[1] = ls[qh];
+      }
 #pragma unroll
       for (int q = 0; q < kTlQ; ++q) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) po[4 * dq + 256 * q + e] = o2[h][4 * q + e];
+        for (int e = 0; e < 4; ++e) pp[2 + 4 * dq + 256 * q + e] = o2[h][4 * q + e];
       }
     }
   } else if (qh_live(oq)) {
-    float *po = partial(oq, l == 0);
+    const int rr = rt0 + oq / group, h = g * group + oq % group;
+    float *pp = part + ((size_t(rr) * a.n_head + h) * kSplits + s) * size_t(HD + 2);
+    if (l == 0) {
+      pp[0] = ms[oq];
+      pp[1] = ls[oq];
+    }
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) po[l + 16 * i] = o[i];
+    for (int i = 0; i < kPer; ++i) pp[2 + l + 16 * i] = o[i];
   }
 }
 
