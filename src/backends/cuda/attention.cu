@@ -6,7 +6,6 @@
 #include <atomic>
 #include <type_traits>
 #include <cmath>
-#include <cstdint>
 
 #include "backends/cuda/common.cuh"
 
@@ -544,19 +543,7 @@ __device__ __forceinline__ void mq_stage(const uint8_t *ring, size_t row_bytes, 
   }
 }
 
-// TL (head dims 256 and 512): the same operations per score and per output element with the
-// work spread so that shared memory is read less per product. The score pass gives a
-// half-warp kTlH query heads (q in registers) and every kTlKo-th key of the staged ones, so a
-// loaded K element feeds kTlH products and the two half-warps of a warp read the same keys;
-// the output pass gives a thread 4 query heads x 4 consecutive dims (HD / 256 such quads), so
-// a V load is one 16-byte read feeding 16 products. A head's keys outside its own range are
-// scored but not stored, and update none of its outputs.
-template <int HD>
-constexpr int tl_heads() {  // query heads per half-warp in the score pass
-  return HD <= 256 ? 4 : 2;
-}
-
-template <KvType KT, KvType VT, int HD, bool TL>
+template <KvType KT, KvType VT, int HD>
 __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0, int row0, int n_rows,
                                                                   float *__restrict__ part) {
   dev::pdl_start();
@@ -598,26 +585,10 @@ __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0,
   float o[kPer];  // thread (qh = tid / 16, l): dims l + 16 i of its query head
 #pragma unroll
   for (int i = 0; i < kPer; ++i) o[i] = 0.0f;
-  // TL: the score pass's heads and key lane; the output pass's heads (4 hq .. 4 hq + 3) and
-  // dims (4 dq + 256 k + 0..3); o2[h][4 k + e] is that head's dim 4 dq + 256 k + e.
-  constexpr int kTlH = tl_heads<HD>(), kTlHG = kMqHeads / kTlH, kTlKo = 16 / kTlHG, kTlQ = HD / 256;
-  const int tl_hg = hw % kTlHG, tl_ko = hw / kTlHG, hq = tid / 64, dq = tid % 64;
-  float o2[TL ? 4 : 1][TL ? 4 * kTlQ : 1];
-  if constexpr (TL) {
-#pragma unroll
-    for (int h = 0; h < 4; ++h) {
-#pragma unroll
-      for (int e = 0; e < 4 * kTlQ; ++e) o2[h][e] = 0.0f;
-    }
-  }
   __syncthreads();
-  float qr[TL ? kTlH : 1][kPer];  // the score pass: half-warp hw is query head hw (TL: heads tl_hg kTlH + h)
+  float qr[kPer];  // the score pass: half-warp hw is query head hw
 #pragma unroll
-  for (int h = 0; h < (TL ? kTlH : 1); ++h) {
-    const int qh = TL ? tl_hg * kTlH + h : hw;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) qr[h][i] = qs[qh * HD + l + 16 * i];
-  }
+  for (int i = 0; i < kPer; ++i) qr[i] = qs[hw * HD + l + 16 * i];
   const int oq = tid / 16;  // the output pass's query head (the same as hw)
   int64_t c = c_lo + ((s - c_lo % kSplits) % kSplits + kSplits) % kSplits;
   for (; c <= c_hi; c += kSplits) {
@@ -631,71 +602,12 @@ __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0,
     // Keys the block stages: the chunk's positions from the lowest ka to the highest kb.
     const int64_t sa = c * kChunk > qh_j0(0) ? c * kChunk : qh_j0(0);
     const int64_t sb = c * kChunk + kChunk - 1 < qh_pos(last) ? c * kChunk + kChunk - 1 : qh_pos(last);
-    // TL: this half-warp's heads' key ranges in the chunk and their union.
-    int64_t tka[TL ? kTlH : 1], tkb[TL ? kTlH : 1], tu0 = INT64_MAX, tu1 = -1;
-    if constexpr (TL) {
-#pragma unroll
-      for (int h = 0; h < kTlH; ++h) {
-        const int qh = tl_hg * kTlH + h;
-        const int64_t ph = qh_pos(qh), jh = qh_j0(qh);
-        const bool onh = qh_live(qh) && c >= jh / kChunk && c <= ph / kChunk;
-        tka[h] = c * kChunk > jh ? c * kChunk : jh;
-        tkb[h] = onh ? (c * kChunk + kChunk - 1 < ph ? c * kChunk + kChunk - 1 : ph) : tka[h] - 1;
-        if (tkb[h] >= tka[h]) {
-          tu0 = tka[h] < tu0 ? tka[h] : tu0;
-          tu1 = tkb[h] > tu1 ? tkb[h] : tu1;
-        }
-      }
-    }
     for (int64_t t0 = sa; t0 <= sb; t0 += kKs) {
       const int nt = sb - t0 + 1 < kKs ? int(sb - t0 + 1) : kKs;
       __syncthreads();  // the buffer is free
       mq_stage<KT, HD>(a.k, a.k_row_bytes, t0 % a.capacity, a.capacity, nt, e0, kvs);
       __syncthreads();
-      if constexpr (TL) {
-        constexpr int kKu = 2;
-        const unsigned mask = 0xFFFFu << (16 * (hw % 2));
-        const int64_t jb = t0 > tu0 ? t0 : tu0, je = t0 + nt - 1 < tu1 ? t0 + nt - 1 : tu1;
-        for (int64_t j = jb + tl_ko; j <= je; j += kTlKo * kKu) {
-          float acc[kTlH][kKu];
-#pragma unroll
-          for (int h = 0; h < kTlH; ++h) {
-#pragma unroll
-            for (int u = 0; u < kKu; ++u) acc[h][u] = 0.0f;
-          }
-#pragma unroll
-          for (int i = 0; i < kPer; ++i) {
-#pragma unroll
-            for (int u = 0; u < kKu; ++u) {
-              if (j + kTlKo * u <= je) {
-                const float kv = kvs[(j + kTlKo * u - t0) * HD + l + 16 * i];
-#pragma unroll
-                for (int h = 0; h < kTlH; ++h) acc[h][u] = __fadd_rn(acc[h][u], __fmul_rn(qr[h][i], kv));
-              }
-            }
-          }
-#pragma unroll
-          for (int off = 8; off >= 1; off /= 2) {
-#pragma unroll
-            for (int h = 0; h < kTlH; ++h) {
-#pragma unroll
-              for (int u = 0; u < kKu; ++u) acc[h][u] = __fadd_rn(acc[h][u], __shfl_down_sync(mask, acc[h][u], off, 16));
-            }
-          }
-          if (l == 0) {
-#pragma unroll
-            for (int h = 0; h < kTlH; ++h) {
-#pragma unroll
-              for (int u = 0; u < kKu; ++u) {
-                const int64_t jj = j + kTlKo * u;
-                if (jj <= je && jj >= tka[h] && jj <= tkb[h]) {
-                  sc[(tl_hg * kTlH + h) * kChunk + (jj - tka[h])] = __fmul_rn(acc[h][u], a.scale);
-                }
-              }
-            }
-          }
-        }
-      } else if (len > 0) {
+      if (len > 0) {
         // kKu keys at a time: independent chains in flight, each key's operations unchanged.
         constexpr int kKu = HD <= 256 ? 4 : 2;
         const unsigned mask = 0xFFFFu << (16 * (hw % 2));
@@ -708,7 +620,7 @@ __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0,
           for (int i = 0; i < kPer; ++i) {
 #pragma unroll
             for (int u = 0; u < kKu; ++u) {
-              if (j + u <= u1) acc[u] = __fadd_rn(acc[u], __fmul_rn(qr[0][i], kvs[(j + u - t0) * HD + l + 16 * i]));
+              if (j + u <= u1) acc[u] = __fadd_rn(acc[u], __fmul_rn(qr[i], kvs[(j + u - t0) * HD + l + 16 * i]));
             }
           }
 #pragma unroll
@@ -764,26 +676,8 @@ __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0,
     }
     __syncthreads();
     // o = o alpha + sum_j e_j v_j, keys in order, V staged like K.
-    const bool oon = !TL && act[oq] != 0;
+    const bool oon = act[oq] != 0;
     int64_t kaq = 0, kbq = -1;
-    // TL: the output pass's 4 heads' ranges (empty where the head does not visit the chunk).
-    int64_t vka[TL ? 4 : 1], vkb[TL ? 4 : 1], vu0 = INT64_MAX, vu1 = -1;
-    if constexpr (TL) {
-#pragma unroll
-      for (int h = 0; h < 4; ++h) {
-        const int qh = 4 * hq + h;
-        const int64_t ph = qh_pos(qh), jh = qh_j0(qh);
-        vka[h] = c * kChunk > jh ? c * kChunk : jh;
-        vkb[h] = act[qh] ? (c * kChunk + kChunk - 1 < ph ? c * kChunk + kChunk - 1 : ph) : vka[h] - 1;
-        if (vkb[h] >= vka[h]) {
-          vu0 = vka[h] < vu0 ? vka[h] : vu0;
-          vu1 = vkb[h] > vu1 ? vkb[h] : vu1;
-          const float alpha = al[qh];
-#pragma unroll
-          for (int e = 0; e < 4 * kTlQ; ++e) o2[h][e] = __fmul_rn(o2[h][e], alpha);
-        }
-      }
-    }
     if (oon) {
       const int64_t pq = qh_pos(oq), jq = qh_j0(oq);
       kaq = c * kChunk > jq ? c * kChunk : jq;
@@ -797,27 +691,7 @@ __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0,
       __syncthreads();
       mq_stage<VT, HD>(a.v, a.v_row_bytes, t0 % a.capacity, a.capacity, nt, e0, kvs);
       __syncthreads();
-      if constexpr (TL) {
-        const int64_t u0 = t0 > vu0 ? t0 : vu0, u1 = t0 + nt - 1 < vu1 ? t0 + nt - 1 : vu1;
-        for (int64_t j = u0; j <= u1; ++j) {
-          float4 v[kTlQ];
-#pragma unroll
-          for (int q = 0; q < kTlQ; ++q) v[q] = *reinterpret_cast<const float4 *>(kvs + (j - t0) * HD + 4 * dq + 256 * q);
-#pragma unroll
-          for (int h = 0; h < 4; ++h) {
-            if (j >= vka[h] && j <= vkb[h]) {
-              const float w = sc[(4 * hq + h) * kChunk + (j - vka[h])];
-#pragma unroll
-              for (int q = 0; q < kTlQ; ++q) {
-                o2[h][4 * q + 0] = __fadd_rn(o2[h][4 * q + 0], __fmul_rn(w, v[q].x));
-                o2[h][4 * q + 1] = __fadd_rn(o2[h][4 * q + 1], __fmul_rn(w, v[q].y));
-                o2[h][4 * q + 2] = __fadd_rn(o2[h][4 * q + 2], __fmul_rn(w, v[q].z));
-                o2[h][4 * q + 3] = __fadd_rn(o2[h][4 * q + 3], __fmul_rn(w, v[q].w));
-              }
-            }
-          }
-        }
-      } else if (oon) {
+      if (oon) {
         const int64_t u0 = t0 > kaq ? t0 : kaq, u1 = t0 + nt - 1 < kbq ? t0 + nt - 1 : kbq;
         const float *scq = sc + oq * kChunk;
         for (int64_t j = u0; j <= u1; ++j) {
@@ -831,24 +705,7 @@ __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0,
     __syncthreads();  // sc, act and al are reused by the next chunk
   }
   // Partials, as the single-query kernel writes them.
-  if constexpr (TL) {
-#pragma unroll
-    for (int h = 0; h < 4; ++h) {
-      const int qh = 4 * hq + h;
-      if (!qh_live(qh)) continue;
-      const int rr = rt0 + qh / group, hh = g * group + qh % group;
-      float *pp = part + ((size_t(rr) * a.n_head + hh) * kSplits + s) * size_t(HD + 2);
-      if (dq == 0) {
-        pp[0] = ms[qh];
-        pp[1] = ls[qh];
-      }
-#pragma unroll
-      for (int q = 0; q < kTlQ; ++q) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pp[2 + 4 * dq + 256 * q + e] = o2[h][4 * q + e];
-      }
-    }
-  } else if (qh_live(oq)) {
+  if (qh_live(oq)) {
     const int rr = rt0 + oq / group, h = g * group + oq % group;
     float *pp = part + ((size_t(rr) * a.n_head + h) * kSplits + s) * size_t(HD + 2);
     if (l == 0) {
@@ -1017,17 +874,10 @@ Status check_attn(const AttnArgs &a) {
 // the default 48 KB: it is allowed once per instantiation and device. false where the
 // device cannot give a block that much (its opt-in limit: 99 KiB on sm_86/89, so head dim
 // 512 there; 163 KiB on sm_80, 227 KiB on sm_90): the caller then runs the one-query kernel.
-template <KvType KT, KvType VT, int HD, bool TL>
+template <KvType KT, KvType VT, int HD>
 bool mq_allow_smem() {
   static std::atomic<uint64_t> done{0};
-  return allow_dynamic_smem(attention_mq_kernel<KT, VT, HD, TL>, mq_smem_bytes<HD>(), done);
-}
-
-// GEIST_CUDA_MQ_TILED=1: the tiled work split (TL) at head dims 256 and 512 (the same bits;
-// off until CudaOps.AttentionMultiQuerySameBits has run with it on a device).
-bool mq_tiled() {
-  static const bool v = env_int("GEIST_CUDA_MQ_TILED", 0) != 0;
-  return v;
+  return allow_dynamic_smem(attention_mq_kernel<KT, VT, HD>, mq_smem_bytes<HD>(), done);
 }
 
 Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {
@@ -1063,18 +913,8 @@ Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {
           constexpr KvType KT = decltype(tag_k)::value, VT = decltype(tag_v)::value;
           dispatch_among<int, 64, 128, 256, 512>(a.head_dim, [&](auto tag_hd) {
             constexpr int HD = decltype(tag_hd)::value;
-            if constexpr (HD >= 256) {
-              if (mq_tiled()) {
-                if (!mq_allow_smem<KT, VT, HD, true>()) return;
-                launch_smem(attention_mq_kernel<KT, VT, HD, true>, gq, kMqThreads, mq_smem_bytes<HD>(), s, p, row0, nr,
-                            part);
-                launched = true;
-                return;
-              }
-            }
-            if (!mq_allow_smem<KT, VT, HD, false>()) return;
-            launch_smem(attention_mq_kernel<KT, VT, HD, false>, gq, kMqThreads, mq_smem_bytes<HD>(), s, p, row0, nr,
-                        part);
+            if (!mq_allow_smem<KT, VT, HD>()) return;
+            launch_smem(attention_mq_kernel<KT, VT, HD>, gq, kMqThreads, mq_smem_bytes<HD>(), s, p, row0, nr, part);
             launched = true;
           });
         });
