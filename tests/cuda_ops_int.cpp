@@ -1609,7 +1609,7 @@ CUDA_TEST(CudaOps, DISABLED_PerfAttention) {
   REQUIRE_CUDA();
   cu::CudaStream s = cuda_env().s;
   for (KvType t : {KvType::F32, KvType::F16, KvType::Q8_0}) {
-    for (int64_t cached : {600, 4096}) {
+    for (int64_t cached : {0, 600, 4096}) {
       for (int rows : {1, 64, 512}) {
         AttnCase c{rows, 8, 2, 256, 0, cached, cached + 512, t, t};
         std::mt19937 r2(4);
