@@ -101,9 +101,10 @@ if [ "${GEIST_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake --build build/asan-ubsan -j"$jobs"
   ctest --test-dir build/asan-ubsan -L 'unit|int' -j"$jobs" --output-on-failure
 
-  # ThreadSanitizer: the tests that run threads (pools, sessions on 4 threads at once).
+  # ThreadSanitizer: the tests that run threads (pools, sessions on 4 threads at once, the
+  # samplers of a multi-session step drawing on the pool).
   cmake --preset tsan >/dev/null
-  cmake --build --preset tsan -j"$jobs" --target thread_pool_unit concurrency_int c_api_int
-  ctest --test-dir build/tsan -R '^(ThreadPoolUnit|ConcurrencyInt)\.|^CApi\.(SecondThreadOnASessionIsRefused|SavedStateSharedBetweenThreads)$' \
+  cmake --build --preset tsan -j"$jobs" --target thread_pool_unit concurrency_int c_api_int decode_batch_int
+  ctest --test-dir build/tsan -R '^(ThreadPoolUnit|ConcurrencyInt)\.|^CApi\.(SecondThreadOnASessionIsRefused|SavedStateSharedBetweenThreads)$|^DecodeBatch\.(EqualsDecodingAlone|StepBatchPrefillAndDecodeEqualAlone)$' \
     -j"$jobs" --output-on-failure
 fi

@@ -26,6 +26,7 @@
 
 #include "backends/kv_store.h"
 #include "base/status.h"
+#include "base/thread_pool.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "models/arch.h"
@@ -212,6 +213,9 @@ class Session {
   SessionParams params_;
   std::unique_ptr<KvStore> cache_;
   std::unique_ptr<Exec> exec_;
+  // The process's pool of this session's thread count (the CPU exec's own, shared): a step of
+  // several sessions draws their tokens on it, one task per session.
+  std::shared_ptr<ThreadPool> pool_;
   Sampler sampler_;
   std::vector<int32_t> tokens_;
   Exec::HostFloats logits_;  // [n_vocab], from exec_->host_floats (page-locked on CUDA)
