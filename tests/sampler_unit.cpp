@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <set>
 #include <vector>
 
+#include "base/thread_pool.h"
 #include "engine/sampler.h"
 
 namespace geist {
@@ -141,6 +143,51 @@ TEST(Sampler, GreedyInPlaceLongRows) {
     Sampler greedy(all_off(0.0f));
     EXPECT_EQ(greedy.sample(x.data(), n), ref) << "row " << row << ", n " << n;
   }
+}
+
+// greedy_argmax over a pool (segments read by separate tasks) against the scan: rows from a
+// small value set with NaNs (whole segments of them too), signed zeros and -inf, a NaN at
+// index 0 in some, segment sizes from 1 up, pools of 1-4 threads; then the sampler on a
+// vocabulary-sized row with its pool.
+TEST(Sampler, GreedyArgmaxOverAPoolEqualsTheScan) {
+  const float nan = std::nanf("");
+  const float values[] = {-1.0f, 0.0f, -0.0f, 2.5f, 2.5f, nan, -INFINITY, 1.0f};
+  std::vector<std::unique_ptr<ThreadPool>> pools;
+  for (int t = 1; t <= 4; ++t) pools.push_back(std::make_unique<ThreadPool>(t));
+  uint64_t state = 777;
+  for (int row = 0; row < 300; ++row) {
+    const int n = 1 + int(splitmix_for_test(state) % 3000);
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float &v : x) v = values[splitmix_for_test(state) % 8];
+    if (row % 7 == 0) x[0] = nan;
+    if (row % 5 == 1) {  // a run of NaNs covering whole segments, then the largest value once
+      const int a = int(splitmix_for_test(state) % uint64_t(n)), b = std::min(n, a + 200);
+      for (int i = a; i < b; ++i) x[size_t(i)] = nan;
+      if (b < n) x[size_t(b)] = 9.0f;
+    }
+    if (row % 11 == 3) {  // all zeros of both signs, or all -inf: every value ties
+      const float z = row % 2 ? -INFINITY : 0.0f;
+      for (float &v : x) v = (splitmix_for_test(state) % 2) ? z : -z;
+    }
+    int64_t ref = 0;
+    for (int i = 1; i < n; ++i) {
+      if (x[size_t(i)] > x[size_t(ref)]) ref = i;
+    }
+    for (const auto &pool : pools) {
+      for (int64_t seg : {1, 3, 16, 17, 100, 1000}) {
+        EXPECT_EQ(greedy_argmax(x.data(), n, pool.get(), seg), ref)
+            << "row " << row << ", n " << n << ", " << pool->n_threads() << " threads, segment " << seg;
+      }
+    }
+  }
+  std::vector<float> big(262144);
+  for (float &v : big) v = float(int(splitmix_for_test(state) % 1000)) / 7.0f;
+  big[200000] = 1000.0f;
+  big[100001] = nan;
+  big[250000] = 1000.0f;
+  Sampler greedy(all_off(0.0f));
+  EXPECT_EQ(greedy.sample(big.data(), int64_t(big.size()), pools[3].get()), 200000);
+  EXPECT_EQ(greedy.sample(big.data(), int64_t(big.size())), 200000);
 }
 
 TEST(Sampler, TopKOneIsArgmaxAtAnyTemperature) {

@@ -1,14 +1,17 @@
 #include "engine/sampler.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <unordered_set>
 
 #include "base/cpu_clones.h"
 #include "base/status.h"
+#include "base/thread_pool.h"
 
 namespace geist {
 namespace {
@@ -185,13 +188,56 @@ void Sampler::accept(int32_t token) {
   while (p_.repeat_last_n > 0 && static_cast<int>(history_.size()) > p_.repeat_last_n) history_.pop_front();
 }
 
-int32_t Sampler::sample(const float *logits, int64_t n_vocab) {
+int64_t greedy_argmax(const float *x, int64_t n, ThreadPool *pool, int64_t segment) {
+  constexpr int64_t kMaxParts = 64;
+  if (pool == nullptr || pool->n_threads() <= 1 || segment <= 0 || n <= segment || std::isnan(x[0])) {
+    return argmax_first(x, n);
+  }
+  if (n > kMaxParts * segment) segment = (n + kMaxParts - 1) / kMaxParts;
+  const int n_parts = static_cast<int>((n + segment - 1) / segment);
+  struct Part {
+    float max;      // the segment's largest non-NaN value
+    int64_t first;  // its first index; -1: the segment is all NaN
+  };
+  std::array<Part, kMaxParts> parts;
+  pool->run(n_parts, [&](int s, int) {
+    const int64_t a = int64_t(s) * segment, b = std::min(n, a + segment);
+    int64_t a0 = a;
+    while (a0 < b && std::isnan(x[a0])) ++a0;
+    if (a0 == b) {
+      parts[size_t(s)] = {0.0f, -1};
+      return;
+    }
+    // From a non-NaN start the scan's index is the first one of the largest non-NaN value.
+    const int64_t i = a0 + argmax_first(x + a0, b - a0);
+    parts[size_t(s)] = {x[i], i};
+  });
+  // x[0] is not NaN, so part 0 has a value. The largest of the parts' values, by the scan's
+  // rule; the first part holding a value equal to it holds the row's first such index (an
+  // earlier part holding one would have it as its largest).
+  float best = parts[0].max;
+  for (int s = 1; s < n_parts; ++s) {
+    if (parts[size_t(s)].first >= 0 && parts[size_t(s)].max > best) best = parts[size_t(s)].max;
+  }
+  for (int s = 0; s < n_parts; ++s) {
+    if (parts[size_t(s)].first >= 0 && parts[size_t(s)].max == best) return parts[size_t(s)].first;
+  }
+  return 0;  // not reached: best is one of the parts' values
+}
+
+int32_t Sampler::sample(const float *logits, int64_t n_vocab, ThreadPool *pool) {
   GEIST_CHECK(logits != nullptr && n_vocab > 0, "sample() needs a non-empty logits row");
   if (p_.temperature <= 0.0f && (p_.repeat_penalty == 1.0f || history_.empty())) {
     // Greedy without penalties: the argmax read in place, what the candidate list below
     // picks (the first index of the largest logit; a NaN never replaces the running best),
     // without writing 262144 (logit, id) pairs per token first.
-    const auto chosen = static_cast<int32_t>(argmax_first(logits, n_vocab));
+    // GEIST_GREEDY_SEGMENT: elements per task of the pool's read (default 32768; 0 reads the
+    // row on the calling thread alone). A measurement knob: the token is the same.
+    static const int64_t segment = [] {
+      const char *e = std::getenv("GEIST_GREEDY_SEGMENT");
+      return e != nullptr && *e != '\0' ? std::max<int64_t>(0, std::strtoll(e, nullptr, 10)) : int64_t(32768);
+    }();
+    const auto chosen = static_cast<int32_t>(greedy_argmax(logits, n_vocab, pool, segment));
     accept(chosen);
     return chosen;
   }

@@ -22,12 +22,23 @@ struct SamplerParams {
   uint64_t seed = 0xC0FFEE;
 };
 
+class ThreadPool;
+
+// The greedy token of x[0, n): the first index of the largest value, NaNs never chosen, a NaN
+// at index 0 kept (a scan from 0 moving to i whenever x[i] > x[best]). With a pool of several
+// threads and n above `segment`, the row is read in up to 64 contiguous segments, one task
+// each: a segment's largest non-NaN value and its first index, then the first segment whose
+// value equals the largest of all. The same index as the scan for any segment size.
+int64_t greedy_argmax(const float *x, int64_t n, ThreadPool *pool = nullptr, int64_t segment = 32768);
+
 class Sampler {
  public:
   explicit Sampler(const SamplerParams &p);
   // Pick a token from logits[n_vocab]; does not modify logits. Records the token in the
   // penalty history.
-  int32_t sample(const float *logits, int64_t n_vocab);
+  // With a pool of several threads, a greedy draw without penalties reads the row in
+  // segments over it (greedy_argmax): the same token.
+  int32_t sample(const float *logits, int64_t n_vocab, ThreadPool *pool = nullptr);
   void accept(int32_t token);  // add a prompt token to the penalty history
   void reset();                // clear history, reseed
   const SamplerParams &params() const { return p_; }
