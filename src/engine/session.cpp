@@ -16,7 +16,10 @@ Session::Session(const Model &m, const SessionParams &p, std::unique_ptr<KvStore
       params_(p),
       cache_(std::move(c)),
       exec_(std::move(e)),
-      pool_(ThreadPool::shared(p.n_threads > 0 ? p.n_threads : ThreadPool::hardware_threads())),
+      pool_(ThreadPool::shared(exec_->n_threads() > 1
+                                   ? exec_->n_threads()
+                                   : std::min(p.n_threads > 0 ? p.n_threads : ThreadPool::hardware_threads(),
+                                              kDevicePoolThreads))),
       sampler_(p.sampling),
       logits_(exec_->host_floats(static_cast<size_t>(m.info().n_vocab))) {}
 

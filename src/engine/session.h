@@ -213,8 +213,11 @@ class Session {
   SessionParams params_;
   std::unique_ptr<KvStore> cache_;
   std::unique_ptr<Exec> exec_;
-  // The process's pool of this session's thread count (the CPU exec's own, shared): a step of
-  // several sessions draws their tokens on it, one task per session.
+  // Where the session's greedy draws read their row and a step of several sessions draws
+  // their tokens, one task per session: the CPU exec's own pool (shared by the process), or
+  // for a device exec a pool of at most kDevicePoolThreads of the threads the session may use
+  // (n_threads; 1 keeps every draw on the calling thread).
+  static constexpr int kDevicePoolThreads = 4;
   std::shared_ptr<ThreadPool> pool_;
   Sampler sampler_;
   std::vector<int32_t> tokens_;
