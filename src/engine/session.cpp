@@ -309,7 +309,7 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
   std::vector<float *> logits(n);
   // The decoding sessions draw their tokens, each from its own logits with its own sampler,
   // over session 0's pool when there are several (a greedy draw reads 1 MiB of logits: ~80 us
-  // each, serial before the step otherwise). Which thread draws changes nothing.
+  // each, one after the other on this thread otherwise). Which thread draws changes nothing.
   std::vector<int32_t> drawn(n, 0);
   std::vector<size_t> decoding;
   for (size_t i = 0; i < n; ++i) {
@@ -330,7 +330,7 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
   if (decoding.size() >= 2 && lead.pool_ && lead.pool_->n_threads() > 1) {
     lead.pool_->run(static_cast<int>(decoding.size()), draw);
   } else {
-    for (size_t t = 0; t < decoding.size(); ++t) draw(static_cast<int>(t), 0);
+    for (size_t k = 0; k < decoding.size(); ++k) draw(static_cast<int>(k), 0);
   }
   if (draw_error) std::rethrow_exception(draw_error);
   for (size_t i = 0; i < n; ++i) {
