@@ -188,6 +188,8 @@ TEST(Sampler, GreedyArgmaxOverAPoolEqualsTheScan) {
   Sampler greedy(all_off(0.0f));
   EXPECT_EQ(greedy.sample(big.data(), int64_t(big.size()), pools[3].get()), 200000);
   EXPECT_EQ(greedy.sample(big.data(), int64_t(big.size())), 200000);
+  EXPECT_EQ(greedy_argmax(big.data(), 0, pools[1].get()), -1);
+  EXPECT_EQ(greedy_argmax(nullptr, 5, pools[1].get()), -1);
 }
 
 TEST(Sampler, TopKOneIsArgmaxAtAnyTemperature) {

@@ -190,10 +190,11 @@ void Sampler::accept(int32_t token) {
 
 int64_t greedy_argmax(const float *x, int64_t n, ThreadPool *pool, int64_t segment) {
   constexpr int64_t kMaxParts = 64;
+  if (x == nullptr || n <= 0) return -1;
   if (pool == nullptr || pool->n_threads() <= 1 || segment <= 0 || n <= segment || std::isnan(x[0])) {
     return argmax_first(x, n);
   }
-  if (n > kMaxParts * segment) segment = (n + kMaxParts - 1) / kMaxParts;
+  segment = std::max(segment, (n + kMaxParts - 1) / kMaxParts);
   const int n_parts = static_cast<int>((n + segment - 1) / segment);
   struct Part {
     float max;      // the segment's largest non-NaN value

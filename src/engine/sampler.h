@@ -28,7 +28,8 @@ class ThreadPool;
 // at index 0 kept (a scan from 0 moving to i whenever x[i] > x[best]). With a pool of several
 // threads and n above `segment`, the row is read in up to 64 contiguous segments, one task
 // each: a segment's largest non-NaN value and its first index, then the first segment whose
-// value equals the largest of all. The same index as the scan for any segment size.
+// value equals the largest of all. The same index as the scan for any segment size; -1 for
+// an empty row or a null x.
 int64_t greedy_argmax(const float *x, int64_t n, ThreadPool *pool = nullptr, int64_t segment = 32768);
 
 class Sampler {
