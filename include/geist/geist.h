@@ -217,7 +217,8 @@ typedef struct geist_session_params {
   uint32_t struct_size; /* sizeof(geist_session_params); set by geist_session_params_default */
   int32_t n_threads;  /* threads of this session's compute, counting the caller; 0: all cores.
                          Sessions asking for the same count share one set of worker threads.
-                         On a GPU the host uses up to 4 of them to read logits when sampling */
+                         On a GPU the host uses up to 4 of them when several sessions
+                         sample in one step (geist_decode_batch, geist_step_batch) */
   int64_t n_ctx;      /* context in tokens; 0: the model's trained context (no hidden cap). */
   int32_t chunk;      /* rows per forward pass; prefill of any length runs in these. Default 256 */
   int32_t type_k;     /* a geist_kv_type for K rows. Default GEIST_KV_F32 */

@@ -229,7 +229,7 @@ void Session::reset() {
 Status Session::sample(int32_t *out) {
   if (out == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "out is NULL");
   if (!has_logits_) return GEIST_ERROR(GEIST_E_STATE, "no logits to sample from: prefill first");
-  *out = sampler_.sample(logits_.get(), n_vocab(), pool_.get());
+  *out = sampler_.sample(logits_.get(), n_vocab(), row_pool());
   return Status::ok();
 }
 
@@ -241,7 +241,7 @@ Status Session::decode_step(int32_t *out) {
   }
   Timer t;
   reserve_tokens(1);  // may throw: before the sampler draws
-  const int32_t tok = sampler_.sample(logits_.get(), n_vocab(), pool_.get());  // records tok in the history
+  const int32_t tok = sampler_.sample(logits_.get(), n_vocab(), row_pool());  // records tok in the history
   Status st = model_.arch().forward(&tok, 1, *cache_, *exec_, 0, logits_.get());
   if (!st.is_ok()) {
     recover(1);
@@ -318,7 +318,7 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
   std::exception_ptr draw_error;
   std::atomic<bool> draw_failed{false};
   // (One decoding session reads its row over the pool itself; several draw one per task.)
-  ThreadPool *const row_pool = decoding.size() == 1 ? lead.pool_.get() : nullptr;
+  ThreadPool *const row_pool = decoding.size() == 1 ? lead.row_pool() : nullptr;
   auto draw = [&](int task, int) {
     Session &s = *sessions[decoding[size_t(task)]];
     try {

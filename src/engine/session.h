@@ -213,12 +213,16 @@ class Session {
   SessionParams params_;
   std::unique_ptr<KvStore> cache_;
   std::unique_ptr<Exec> exec_;
-  // Where the session's greedy draws read their row and a step of several sessions draws
-  // their tokens, one task per session: the CPU exec's own pool (shared by the process), or
-  // for a device exec a pool of at most kDevicePoolThreads of the threads the session may use
-  // (n_threads; 1 keeps every draw on the calling thread).
+  // Where a step of several sessions draws their tokens, one task per session: the CPU
+  // exec's own pool (shared by the process), or for a device exec a pool of at most
+  // kDevicePoolThreads of the threads the session may use (n_threads; 1 keeps every draw on
+  // the calling thread).
   static constexpr int kDevicePoolThreads = 4;
   std::shared_ptr<ThreadPool> pool_;
+  // Where one greedy draw reads its row in segments: the CPU exec's pool, whose workers are
+  // awake between the step's ops anyway; none for a device exec, whose pool would otherwise
+  // wake (and spin) for every token of a single session.
+  ThreadPool *row_pool() const { return exec_->n_threads() > 1 ? pool_.get() : nullptr; }
   Sampler sampler_;
   std::vector<int32_t> tokens_;
   Exec::HostFloats logits_;  // [n_vocab], from exec_->host_floats (page-locked on CUDA)
