@@ -280,13 +280,15 @@ TEST(CudaModel, BatchInvariantBitForBit) {
 }
 
 // Sessions decoding together in one step (Session::decode_batch), and sequences of several
-// rows sharing a step: each bit-identical to running alone, on the device.
+// rows sharing a step: each bit-identical to running alone, on the device; the greedy
+// tokens computed on the device are the scan's argmax of the downloaded logits.
 TEST(CudaModel, DecodeBatchEqualsDecodingAlone) {
   const std::vector<std::string> paths = model_paths();
   for (size_t i = 0; i < kCommittedModels; ++i) {
     LOAD_CUDA_OR_SKIP(gpu, paths[i]);
     test::expect_decode_batch_equals_alone(*gpu, base(paths[i]), 1);
     test::expect_mixed_step_equals_alone(*gpu, base(paths[i]));
+    test::expect_draws_follow_the_logits(*gpu, base(paths[i]), 1);
   }
 }
 

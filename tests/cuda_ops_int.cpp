@@ -944,6 +944,68 @@ inline void kv_decode(KvType t, const uint8_t *row, int64_t n, float *out) {
   }
 }
 
+// greedy_rows against a scan that moves to i whenever x[i] > x[best] (the sampler's greedy
+// rule, written out here): rows with ties inside and across the kernel's segments, NaNs (at
+// 0, in runs, everywhere), infinities, signed zeros, the largest value last; several rows
+// per call, each row its own pattern, over widths from 1 to a Gemma vocabulary.
+CUDA_TEST(CudaOps, GreedyRowsIsTheScan) {
+  REQUIRE_CUDA();
+  const cu::CudaStream s = cuda_env().s;
+  const float nan = std::nanf(""), inf = INFINITY;
+  std::mt19937 rng(77);
+  auto scan = [](const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; ++i) {
+      if (x[i] > x[best]) best = i;
+    }
+    return best;
+  };
+  // Row pattern p of width n.
+  auto make_row = [&](int p, int64_t n) {
+    std::vector<float> x = randn(size_t(n), rng);
+    std::uniform_int_distribution<int64_t> at(0, n - 1);
+    switch (p) {
+      case 0: break;                                               // random
+      case 1: for (int k = 0; k < 5; ++k) x[size_t(at(rng))] = 9.0f; break;  // ties anywhere
+      case 2: x[0] = nan; break;                                   // NaN at 0: 0
+      case 3: std::fill(x.begin(), x.end(), nan); break;           // every NaN: 0
+      case 4: for (int64_t i = 0; i < n; i += 2) x[size_t(i)] = nan; x[size_t(n - 1)] = 50.0f; break;
+      case 5: std::fill(x.begin(), x.end(), -inf); break;          // all -inf: 0
+      case 6: std::fill(x.begin(), x.end(), 0.0f); x[0] = -0.0f; break;  // zeros, -0 first: 0
+      case 7: x[size_t(n - 1)] = inf; x[size_t(n / 2)] = inf; break;     // +inf twice
+      case 8: x[size_t(n - 1)] = 100.0f; break;                    // the largest last
+      case 9: std::fill(x.begin(), x.begin() + (n + 1) / 2, nan); x[size_t(n - 1)] = -1.0f; break;
+      default: break;
+    }
+    return x;
+  };
+  constexpr int kPatterns = 10;
+  int cases = 0;
+  for (int64_t n : {int64_t(1), int64_t(31), int64_t(256), int64_t(257), int64_t(4097), int64_t(65539),
+                    int64_t(262144)}) {
+    for (int rows : {1, 3, kPatterns}) {
+      std::vector<float> x;
+      std::vector<int32_t> want;
+      for (int r = 0; r < rows; ++r) {
+        const std::vector<float> row = make_row((r + rows) % kPatterns, n);
+        x.insert(x.end(), row.begin(), row.end());
+        want.push_back(int32_t(scan(row.data(), n)));
+      }
+      DevBuf dx(x), dout(size_t(rows) * 4), dscratch(cu::greedy_scratch_bytes(rows));
+      CU_OK(cu::greedy_rows(dx.as<float>(), n, rows, dout.as<int32_t>(), dscratch.as(), s));
+      const std::vector<int32_t> got = dout.get<int32_t>(size_t(rows));
+      for (int r = 0; r < rows; ++r) {
+        EXPECT_EQ(got[size_t(r)], want[size_t(r)]) << "width " << n << " row " << r << " of " << rows;
+        ++cases;
+      }
+    }
+  }
+  DevBuf d1(16);
+  EXPECT_FALSE(cu::greedy_rows(d1.as<float>(), 0, 1, d1.as<int32_t>(), d1.as(), s).is_ok());
+  EXPECT_FALSE(cu::greedy_rows(nullptr, 4, 1, d1.as<int32_t>(), d1.as(), s).is_ok());
+  std::printf("RESULT greedy_rows %d rows: the scan's index\n", cases);
+}
+
 const KvType kKvTypes[] = {KvType::F32, KvType::F16, KvType::BF16, KvType::Q8_0};
 
 // kv_append: rows land at (pos0 + r) % capacity with exactly kv_type.h's bytes, wrapping the

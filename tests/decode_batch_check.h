@@ -27,6 +27,25 @@ inline std::vector<int32_t> batch_ids(const Model &m, size_t n, uint64_t seed) {
   return v;
 }
 
+// The greedy token of a logits row as a scan that moves to i whenever x[i] > x[best]
+// writes it (the sampler's rule, written out here), over the row with the repetition
+// penalty applied to the ids in `penalised` (none: the row as it is).
+inline int32_t scan_argmax(const float *x, int64_t n, const std::vector<int32_t> &penalised = {},
+                           float penalty = 1.0f) {
+  std::vector<float> v(x, x + n);
+  std::vector<bool> done(size_t(n), false);
+  for (int32_t t : penalised) {
+    if (t < 0 || t >= n || done[size_t(t)]) continue;
+    done[size_t(t)] = true;
+    v[size_t(t)] = v[size_t(t)] > 0 ? v[size_t(t)] / penalty : v[size_t(t)] * penalty;
+  }
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (v[size_t(i)] > v[size_t(best)]) best = i;
+  }
+  return int32_t(best);
+}
+
 inline std::unique_ptr<Session> batch_session(const Model &m, int chunk, int threads, int i) {
   SessionParams p;
   p.n_ctx = 512;
@@ -79,7 +98,11 @@ inline void expect_decode_batch_equals_alone(const Model &m, const std::string &
       active.push_back(i);
     }
     std::vector<Session *> batch;
-    for (int i : active) batch.push_back(together[size_t(i)].get());
+    std::vector<int32_t> argmax;  // what each greedy session's draw must be
+    for (int i : active) {
+      batch.push_back(together[size_t(i)].get());
+      argmax.push_back(i % 2 == 0 ? scan_argmax(batch.back()->logits(), int64_t(nv)) : -1);
+    }
     std::vector<int32_t> got(batch.size());
     const Status st = Session::decode_batch(batch.data(), batch.size(), got.data());
     ASSERT_TRUE(st.is_ok()) << what << ": " << st.to_string();
@@ -88,6 +111,9 @@ inline void expect_decode_batch_equals_alone(const Model &m, const std::string &
       int32_t want = -1;
       ASSERT_TRUE(a.decode_step(&want).is_ok());
       EXPECT_EQ(got[k], want) << what << " session " << active[k] << " step " << step;
+      if (argmax[k] >= 0) {
+        EXPECT_EQ(got[k], argmax[k]) << what << " session " << active[k] << " step " << step;
+      }
       const Session &b = *together[size_t(active[k])];
       EXPECT_EQ(0, std::memcmp(a.logits(), b.logits(), nv * sizeof(float)))
           << what << " session " << active[k] << " step " << step << ": logits differ";
@@ -116,6 +142,9 @@ inline void expect_mixed_step_equals_alone(const Model &m, const std::string &wh
   std::vector<std::unique_ptr<KvStore>> solo, joint;
   std::vector<std::vector<int32_t>> ids;
   std::vector<float> want(kSeqs * nv), got(kSeqs * nv);
+  // Each logits row's greedy token (Exec::greedy), alone and in the joint step; sequence 1's
+  // is not asked for in the joint step and must stay as it was.
+  std::vector<int32_t> solo_greedy(kSeqs, -1), joint_greedy(kSeqs, -1);
   for (int i = 0; i < kSeqs; ++i) {
     solo.push_back(kv());
     joint.push_back(kv());
@@ -132,21 +161,88 @@ inline void expect_mixed_step_equals_alone(const Model &m, const std::string &wh
     for (int i = 0; i < kSeqs; ++i) {
       const int n = phase == 0 ? rows[i] : 1;
       const int32_t *t = phase == 0 ? ids[size_t(i)].data() : ids[size_t(i)].data() + rows[i];
-      ASSERT_TRUE(arch.forward(t, n, *solo[size_t(i)], **ex, n - 1, want.data() + size_t(i) * nv).is_ok());
+      int32_t *const g = &solo_greedy[size_t(i)];
+      ASSERT_TRUE(arch.forward(t, n, *solo[size_t(i)], **ex, n - 1, want.data() + size_t(i) * nv, &g).is_ok());
       toks.insert(toks.end(), t, t + n);
       seqs.push_back({joint[size_t(i)].get(), n});
     }
     // Each sequence's row to its own buffer (here in reverse order in one array).
     std::vector<float *> dst(kSeqs);
     for (int i = 0; i < kSeqs; ++i) dst[size_t(i)] = got.data() + size_t(kSeqs - 1 - i) * nv;
+    std::vector<int32_t *> gp(kSeqs);
+    for (int i = 0; i < kSeqs; ++i) gp[size_t(i)] = i == 1 ? nullptr : &joint_greedy[size_t(i)];
+    joint_greedy.assign(kSeqs, -7);
     models::ArchModel::LogitRows out;
     out.seq_out = dst.data();
+    out.greedy = gp.data();
     const Status st = arch.forward(toks.data(), seqs.data(), kSeqs, **ex, out);
     ASSERT_TRUE(st.is_ok()) << st.to_string();
     for (int i = 0; i < kSeqs; ++i) {
       EXPECT_EQ(joint[size_t(i)]->n_past, solo[size_t(i)]->n_past);
       EXPECT_EQ(0, std::memcmp(want.data() + size_t(i) * nv, dst[size_t(i)], nv * sizeof(float)))
           << what << " phase " << phase << " sequence " << i;
+      const int32_t argmax = scan_argmax(want.data() + size_t(i) * nv, int64_t(nv));
+      EXPECT_EQ(solo_greedy[size_t(i)], argmax) << what << " phase " << phase << " sequence " << i << " alone";
+      EXPECT_EQ(joint_greedy[size_t(i)], i == 1 ? -7 : argmax) << what << " phase " << phase << " sequence " << i;
+    }
+  }
+}
+
+// A session's draws whatever the sampling and the state its logits came from: every token
+// is the one sampling the logits it had before the step gives (greedy: the scan's argmax of
+// the row, penalised where a penalty applies), through greedy and sampled steps, a switch of
+// the params mid-way, a pin and reset, a snapshot restore, and decode_batch.
+inline void expect_draws_follow_the_logits(const Model &m, const std::string &what, int threads) {
+  const int64_t nv = m.info().n_vocab;
+  std::unique_ptr<Session> s = batch_session(m, 16, threads, 0), other = batch_session(m, 16, threads, 2);
+  ASSERT_TRUE(s && other);
+  const std::vector<int32_t> ids = batch_ids(m, 40, 9);
+  ASSERT_TRUE(s->pin_prefix(ids.data(), 20).is_ok());
+  ASSERT_TRUE(s->prefill(ids.data() + 20, 7).is_ok());
+  ASSERT_TRUE(other->prefill(ids.data(), 11).is_ok());
+  SamplerParams greedy = s->sampling(), penalised = greedy, sampled = greedy;
+  penalised.repeat_penalty = 1.5f;
+  penalised.repeat_last_n = -1;  // every token so far
+  sampled.temperature = 0.9f;
+  std::vector<uint8_t> image;
+  for (int step = 0; step < 24; ++step) {
+    if (step == 4) {
+      ASSERT_TRUE(s->set_sampling(sampled).is_ok());
+    }
+    if (step == 7) {
+      ASSERT_TRUE(s->set_sampling(penalised).is_ok());
+    }
+    if (step == 11) {
+      ASSERT_TRUE(s->set_sampling(greedy).is_ok());
+    }
+    if (step == 14) s->reset();  // the pin's logits
+    if (step == 16) {
+      image.resize(s->snapshot_size());
+      size_t n = 0;
+      ASSERT_TRUE(s->snapshot(image.data(), image.size(), &n).is_ok());
+      image.resize(n);
+    }
+    if (step == 19) {
+      ASSERT_TRUE(s->restore(image.data(), image.size()).is_ok());
+    }
+    const SamplerParams &p = s->sampling();
+    const std::vector<int32_t> hist = p.repeat_penalty != 1.0f ? s->tokens() : std::vector<int32_t>{};
+    const int32_t want = p.temperature <= 0 ? scan_argmax(s->logits(), nv, hist, p.repeat_penalty) : -1;
+    int32_t got = -1;
+    if (step % 3 == 2) {  // through decode_batch with another greedy session
+      Session *b[] = {other.get(), s.get()};
+      int32_t out[2] = {-1, -1};
+      const int32_t want_other = scan_argmax(other->logits(), nv);
+      ASSERT_TRUE(Session::decode_batch(b, 2, out).is_ok()) << what;
+      EXPECT_EQ(out[0], want_other) << what << " step " << step << " (the other session)";
+      got = out[1];
+    } else {
+      ASSERT_TRUE(s->decode_step(&got).is_ok()) << what;
+    }
+    if (want >= 0) {
+      EXPECT_EQ(got, want) << what << " step " << step;
+    } else {
+      EXPECT_TRUE(got >= 0 && got < nv) << what << " step " << step;
     }
   }
 }

@@ -34,6 +34,16 @@ TEST(DecodeBatch, EqualsDecodingAlone) {
   }
 }
 
+// The step's greedy token (Exec::greedy) is what sampling the logits gives, and only taken
+// where the sampler draws the plain argmax.
+TEST(DecodeBatch, DrawsFollowTheLogits) {
+  for (const char *rel : kModels) {
+    std::unique_ptr<Model> m = load(rel);
+    ASSERT_TRUE(m);
+    for (int threads : {1, 2}) test::expect_draws_follow_the_logits(*m, rel, threads);
+  }
+}
+
 TEST(DecodeBatch, SequencesOfSeveralRowsInOneStep) {
   for (const char *rel : kModels) {
     std::unique_ptr<Model> m = load(rel);

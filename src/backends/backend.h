@@ -82,6 +82,12 @@ class Exec {
   virtual Act output(float *host, int64_t width, int n_rows) = 0;
   // The same with row r of the output going to hosts[r] (width floats each).
   virtual Act output_rows(float *const *hosts, int64_t width, int n_rows) = 0;
+  // The greedy token of each row r of x [n_rows][x.width] (base/argmax.h's greedy_argmax:
+  // the first index of the largest value, NaNs never chosen, a NaN at index 0 kept) to
+  // *hosts[r], on the host after end_step; a null hosts[r]: row r not wanted. x is an output
+  // of this step (output, output_rows), read after the ops before this call. What a session
+  // whose sampler draws the argmax takes instead of reading the logits row on the host.
+  virtual void greedy(Act x, int n_rows, int32_t *const *hosts) = 0;
   // Host memory for outputs of n floats, zeroed, that this exec downloads into fastest
   // (page-locked on CUDA: a 1 MiB logits row comes back in 27 us instead of 130 on the
   // H200); plain heap memory where that is all there is, or when page-locking fails.

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "base/argmax.h"
+
 namespace geist {
 
 struct SamplerParams {
@@ -24,14 +26,6 @@ struct SamplerParams {
 
 class ThreadPool;
 
-// The greedy token of x[0, n): the first index of the largest value, NaNs never chosen, a NaN
-// at index 0 kept (a scan from 0 moving to i whenever x[i] > x[best]). With a pool of several
-// threads and n above `segment`, the row is read in up to 64 contiguous segments, one task
-// each: a segment's largest non-NaN value and its first index, then the first segment whose
-// value equals the largest of all. The same index as the scan for any segment size; -1 for
-// an empty row or a null x.
-int64_t greedy_argmax(const float *x, int64_t n, ThreadPool *pool = nullptr, int64_t segment = 32768);
-
 class Sampler {
  public:
   explicit Sampler(const SamplerParams &p);
@@ -41,6 +35,10 @@ class Sampler {
   // segments over it (greedy_argmax): the same token.
   int32_t sample(const float *logits, int64_t n_vocab, ThreadPool *pool = nullptr);
   void accept(int32_t token);  // add a prompt token to the penalty history
+  // Whether the next draw is the plain argmax of the logits (greedy, and no penalty
+  // applies): a greedy token computed elsewhere (Exec::greedy) may then be taken with
+  // accept() instead of sample(): the same token, the same state after.
+  bool draws_argmax() const { return p_.temperature <= 0.0f && (p_.repeat_penalty == 1.0f || history_.empty()); }
   void reset();                // clear history, reseed
   const SamplerParams &params() const { return p_; }
   // Replace the params; reseeds the RNG from p.seed and keeps the history (trimmed to

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -52,12 +53,17 @@ Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionPa
   GEIST_RETURN_IF_ERROR(exec->reserve_status());
   if (const int warm = exec->warm_up_steps(); warm > 0) {
     // Throwaway decode steps at position 0 (the rows they write lie past n_past and are
-    // overwritten by the first prefill), so that the first request runs like the tenth.
+    // overwritten by the first prefill), so that the first request runs like the tenth:
+    // with and without the greedy token (a greedy sampler's steps compute it), so that
+    // changing the sampling does not capture on a request's path either.
     std::vector<float> logits(static_cast<size_t>(m.info().n_vocab));
     const int32_t tok = 0;
-    for (int i = 0; i < warm; ++i) {
-      GEIST_RETURN_IF_ERROR(m.arch().forward(&tok, 1, *cache, *exec, 0, logits.data()));
-      cache->n_past = 0;
+    int32_t greedy = 0, *const greedy_p = &greedy;
+    for (int variant = 0; variant < 2; ++variant) {
+      for (int i = 0; i < warm; ++i) {
+        GEIST_RETURN_IF_ERROR(m.arch().forward(&tok, 1, *cache, *exec, 0, logits.data(), variant ? &greedy_p : nullptr));
+        cache->n_past = 0;
+      }
     }
   }
   return std::unique_ptr<Session>(new Session(m, q, std::move(cache), std::move(exec)));
@@ -84,6 +90,7 @@ void Session::clear() {
   cache_->n_past = 0;
   tokens_.clear();
   has_logits_ = false;
+  greedy_ = -1;
   sampler_.reset();
   pin_.reset();
 }
@@ -116,6 +123,7 @@ Status Session::run_chunks(const int32_t *tokens, size_t n, size_t first, float 
     const int rows = static_cast<int>(std::min<size_t>(params_.chunk, n - done));
     const bool last = done + rows == n;
     float *dst = nullptr;
+    int32_t *greedy = nullptr;
     int first_row = rows;
     if (out) {
       const size_t from = std::max(first, done);  // rows of this chunk wanted: [from, done + rows)
@@ -126,8 +134,11 @@ Status Session::run_chunks(const int32_t *tokens, size_t n, size_t first, float 
     } else if (last) {
       first_row = rows - 1;
       dst = logits_.get();
+      greedy = greedy_target();
     }
-    Status st = model_.arch().forward(tokens + done, rows, *cache_, *exec_, first_row, dst);
+    greedy_ = -1;
+    Status st = model_.arch().forward(tokens + done, rows, *cache_, *exec_, first_row, dst,
+                                      greedy != nullptr ? &greedy : nullptr);
     if (!st.is_ok()) {
       recover(rows);
       return st;
@@ -177,6 +188,7 @@ std::unique_ptr<Session::Pin> Session::make_pin() const {
   auto pin = std::make_unique<Pin>();
   pin->n = tokens_.size();
   pin->logits.assign(logits_.get(), logits_.get() + n_vocab());
+  pin->greedy = greedy_;
   pin->sampler = sampler_.state();
   cache_->save_checkpoint(int64_t(pin->n));
   return pin;
@@ -220,6 +232,7 @@ void Session::reset() {
     tokens_.resize(pin_->n);
     std::memcpy(logits_.get(), pin_->logits.data(), pin_->logits.size() * sizeof(float));
     has_logits_ = true;
+    greedy_ = pin_->greedy;
     sampler_.set_state(pin_->sampler);
   }
   stats_.reset_seconds += t.seconds();
@@ -229,8 +242,24 @@ void Session::reset() {
 Status Session::sample(int32_t *out) {
   if (out == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "out is NULL");
   if (!has_logits_) return GEIST_ERROR(GEIST_E_STATE, "no logits to sample from: prefill first");
-  *out = sampler_.sample(logits_.get(), n_vocab(), row_pool());
+  *out = draw(row_pool());
   return Status::ok();
+}
+
+int32_t *Session::greedy_target() {
+  static const bool on = [] {
+    const char *e = std::getenv("GEIST_STEP_GREEDY");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on && sampler_.params().temperature <= 0.0f ? &greedy_ : nullptr;
+}
+
+int32_t Session::draw(ThreadPool *pool) {
+  if (greedy_ >= 0 && sampler_.draws_argmax()) {
+    sampler_.accept(greedy_);
+    return greedy_;
+  }
+  return sampler_.sample(logits_.get(), n_vocab(), pool);
 }
 
 Status Session::decode_step(int32_t *out) {
@@ -241,8 +270,10 @@ Status Session::decode_step(int32_t *out) {
   }
   Timer t;
   reserve_tokens(1);  // may throw: before the sampler draws
-  const int32_t tok = sampler_.sample(logits_.get(), n_vocab(), row_pool());  // records tok in the history
-  Status st = model_.arch().forward(&tok, 1, *cache_, *exec_, 0, logits_.get());
+  const int32_t tok = draw(row_pool());  // records tok in the history
+  int32_t *greedy = greedy_target();
+  greedy_ = -1;
+  Status st = model_.arch().forward(&tok, 1, *cache_, *exec_, 0, logits_.get(), greedy != nullptr ? &greedy : nullptr);
   if (!st.is_ok()) {
     recover(1);
     return st;
@@ -307,13 +338,21 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
   toks.reserve(rows);
   std::vector<StepSeq> seqs(n);
   std::vector<float *> logits(n);
+  std::vector<int32_t *> greedy(n);
   // The decoding sessions draw their tokens, each from its own logits with its own sampler,
-  // over session 0's pool when there are several (a greedy draw reads 1 MiB of logits: ~80 us
-  // each, one after the other on this thread otherwise). Which thread draws changes nothing.
+  // over session 0's pool when there are several (a draw that is not the step's greedy token
+  // reads 1 MiB of logits: ~80 us each, one after the other on this thread otherwise). Which
+  // thread draws changes nothing.
   std::vector<int32_t> drawn(n, 0);
-  std::vector<size_t> decoding;
+  std::vector<size_t> decoding;  // the draws that read their logits
   for (size_t i = 0; i < n; ++i) {
-    if (n_tokens[i] == 0) decoding.push_back(i);
+    if (n_tokens[i] != 0) continue;
+    Session &s = *sessions[i];
+    if (s.greedy_ >= 0 && s.sampler_.draws_argmax()) {
+      drawn[i] = s.draw(nullptr);  // the step's greedy token: nothing to read
+    } else {
+      decoding.push_back(i);
+    }
   }
   std::exception_ptr draw_error;
   std::atomic<bool> draw_failed{false};
@@ -322,7 +361,7 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
   auto draw = [&](int task, int) {
     Session &s = *sessions[decoding[size_t(task)]];
     try {
-      drawn[decoding[size_t(task)]] = s.sampler_.sample(s.logits_.get(), s.n_vocab(), row_pool);
+      drawn[decoding[size_t(task)]] = s.draw(row_pool);
     } catch (...) {  // bad_alloc from a penalised copy: rethrown below, as without the pool
       if (!draw_failed.exchange(true)) draw_error = std::current_exception();
     }
@@ -343,9 +382,12 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
     }
     seqs[i] = {s.cache_.get(), int(m > 0 ? m : 1)};
     logits[i] = s.logits_.get();  // read by the sampler above; the step writes the next ones there
+    greedy[i] = s.greedy_target();
+    s.greedy_ = -1;
   }
   models::ArchModel::LogitRows lr;
   lr.seq_out = logits.data();
+  lr.greedy = greedy.data();
   const Status st = lead.model_.arch().forward(toks.data(), seqs.data(), int(n), *lead.exec_, lr);
   if (!st.is_ok()) {
     for (size_t i = 0; i < n; ++i) sessions[i]->recover(seqs[i].n_rows);

@@ -183,6 +183,7 @@ class Session {
   struct Pin {
     size_t n = 0;
     std::vector<float> logits;  // [n_vocab]
+    int32_t greedy = -1;        // their greedy token where the step computed it
     Sampler::State sampler;
     // The K/V rows a continuation from n still reads that a later prefill can overwrite
     // are the KV store's checkpoint (KvStore::save_checkpoint), kept where the rows live.
@@ -227,6 +228,16 @@ class Session {
   std::vector<int32_t> tokens_;
   Exec::HostFloats logits_;  // [n_vocab], from exec_->host_floats (page-locked on CUDA)
   bool has_logits_ = false;
+  // The greedy token of logits_, computed by the step that wrote them (Exec::greedy: on a
+  // GPU, on the device) when the sampler was greedy; -1: not computed.
+  int32_t greedy_ = -1;
+  // Where a step that writes logits_ puts their greedy token: &greedy_ while the sampler is
+  // greedy (a later change of the params reads the logits instead), else nothing.
+  // GEIST_STEP_GREEDY=0: never (every draw reads the logits on the host), for an A/B.
+  int32_t *greedy_target();
+  // The next token from the current logits, as sampler_.sample(logits_) draws it: the step's
+  // greedy token where the sampler draws the argmax, so the row is not read again here.
+  int32_t draw(ThreadPool *pool);
   std::unique_ptr<Pin> pin_;
   mutable SessionStats stats_;  // snapshot() (const) counts too
 };

@@ -16,6 +16,7 @@
 #include "backends/cpu/kv_rows.h"
 #include "backends/cpu/ops.h"
 #include "backends/cpu/packed.h"
+#include "base/argmax.h"
 #include "base/thread_pool.h"
 #include "base/timer.h"
 
@@ -219,6 +220,15 @@ class CpuExec final : public Exec {
     row_hosts_.assign(hosts, hosts + n_rows);
     row_width_ = width;
     return {rows_out_.data(), width};
+  }
+  // On the host already: each wanted row read over the pool (greedy_argmax's segments).
+  void greedy(Act x, int n_rows, int32_t *const *hosts) override {
+    const OpProfile::Scope ps = scope("greedy");
+    for (int r = 0; r < n_rows; ++r) {
+      if (hosts[r] != nullptr) {
+        *hosts[r] = static_cast<int32_t>(greedy_argmax(x.rows_from(r).p, x.width, pool_.get(), greedy_segment()));
+      }
+    }
   }
   Status end_step() override {
     for (size_t r = 0; r < row_hosts_.size(); ++r) {

@@ -231,7 +231,10 @@ class CudaExec final : public Exec {
     cuda::device_free(scratch_);
     cuda::device_free(attn_scratch_);
     cuda::device_free(attn_counters_);
+    cuda::device_free(greedy_dev_);
+    cuda::host_free_pinned(host_greedy_);
     for (void *p : retired_) cuda::device_free(p);
+    for (void *p : retired_host_) cuda::host_free_pinned(p);
   }
 
   Status init() {
@@ -284,6 +287,8 @@ class CudaExec final : public Exec {
   void begin_step(const int32_t *tokens, int n_rows, const StepSeq *seqs, int n_seqs) override {
     error_ = reserve_error_;  // a buffer that never got memory fails every step
     outputs_.clear();
+    greedy_out_ = GreedyOut{};
+    greedy_hosts_.clear();
     ops_.clear();
     producer_ = Producer{};
     head_norm_ = HeadNormOp{};
@@ -345,24 +350,65 @@ class CudaExec final : public Exec {
     return HostFloats(static_cast<float *>(*p), [](float *q) { cuda::host_free_pinned(q); });
   }
 
+  // Two kernels after the logits (cuda::greedy_rows) and a download of 4 bytes a row, so a
+  // greedy session does not read its 1 MiB logits row on the host.
+  void greedy(Act x, int n_rows, int32_t *const *hosts) override {
+    if (n_rows <= 0) return;
+    // The parts, then the tokens; sized by the most rows asked for (a decode step of several
+    // sessions), grown like the attention scratch. The pinned staging takes the tokens.
+    const size_t parts = cuda::greedy_scratch_bytes(n_rows);
+    const size_t need = parts + size_t(n_rows) * sizeof(int32_t);
+    if (greedy_dev_bytes_ < need) {
+      void *p = nullptr;
+      if (Status st = alloc(&p, need, "greedy scratch"); !st.is_ok()) return fail(st);
+      Result<void *> h = cuda::host_alloc_pinned(size_t(n_rows) * sizeof(int32_t));
+      if (!h) {
+        cuda::device_free(p);
+        return fail(on_device(h.status(), name_, "allocating pinned host memory"));
+      }
+      retired_.push_back(greedy_dev_);
+      retired_host_.push_back(host_greedy_);
+      greedy_dev_ = p;
+      greedy_dev_bytes_ = need;
+      host_greedy_ = static_cast<int32_t *>(*h);
+    }
+    void *scratch = greedy_dev_;
+    auto *tok = reinterpret_cast<int32_t *>(static_cast<uint8_t *>(greedy_dev_) + parts);
+    record("greedy", key(17, x.p, x.width, n_rows, scratch),
+           [=, s = stream_] { return cuda::greedy_rows(x.p, x.width, n_rows, tok, scratch, s); });
+    greedy_out_ = {tok, n_rows};
+    greedy_hosts_.assign(hosts, hosts + n_rows);
+  }
+
   Status end_step() override {
     if (error_.is_ok()) execute();
     ops_.clear();
     producer_ = Producer{};
     head_norm_ = HeadNormOp{};
-    if (!retired_.empty()) {
+    if (!retired_.empty() || !retired_host_.empty()) {
       (void)cuda::stream_sync(stream_);
       for (void *p : retired_) cuda::device_free(p);
+      for (void *p : retired_host_) cuda::host_free_pinned(p);
       retired_.clear();
+      retired_host_.clear();
     }
     for (const Output &o : outputs_) {
       if (o.bytes) run(cuda::download_async(o.host, o.dev, o.bytes, stream_), "copying logits to the host");
     }
     outputs_.clear();
+    const GreedyOut g = greedy_out_;
+    greedy_out_ = GreedyOut{};
+    if (g.n > 0) {
+      run(cuda::download_async(host_greedy_, g.dev, size_t(g.n) * sizeof(int32_t), stream_),
+          "copying greedy tokens to the host");
+    }
     if (error_.is_ok()) error_ = on_device(cuda::stream_sync(stream_), name_, "running the forward pass");
     if (!error_.is_ok()) {
       (void)cuda::stream_sync(stream_);  // nothing of this step may still run
       return error_;
+    }
+    for (int r = 0; r < g.n && r < int(greedy_hosts_.size()); ++r) {
+      if (greedy_hosts_[size_t(r)] != nullptr) *greedy_hosts_[size_t(r)] = host_greedy_[r];
     }
     return Status::ok();
   }
@@ -923,6 +969,17 @@ class CudaExec final : public Exec {
   void *scratch_ = nullptr;
   void *attn_scratch_ = nullptr;
   size_t attn_scratch_bytes_ = 0;
+  // The greedy op's device parts and tokens, its pinned staging, and this step's request.
+  struct GreedyOut {
+    const int32_t *dev = nullptr;
+    int n = 0;
+  };
+  void *greedy_dev_ = nullptr;
+  size_t greedy_dev_bytes_ = 0;
+  int32_t *host_greedy_ = nullptr;  // pinned
+  GreedyOut greedy_out_;
+  std::vector<int32_t *> greedy_hosts_;
+  std::vector<void *> retired_host_;  // pinned buffers replaced during a step
   void *attn_counters_ = nullptr;
   size_t attn_counter_bytes_ = 0;
   std::vector<void *> retired_;  // scratch replaced during a step, freed at its end

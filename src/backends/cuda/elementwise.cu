@@ -340,7 +340,103 @@ __global__ void copy_cols_kernel(const float *__restrict__ src, int64_t src_stri
   if (i < width) dst[size_t(blockIdx.y) * width + i] = src[size_t(blockIdx.y) * src_stride + col0 + i];
 }
 
+// The better of two (value, index) candidates by the scan's rule: a larger value, or an
+// equal one at a lower index; index -1 is no candidate (its value unread). NaNs are never
+// candidates, so the order is total and the merge order cannot change the result.
+__device__ __forceinline__ void greedy_merge(float &v, int &i, float v2, int i2) {
+  if (i2 >= 0 && (i < 0 || v2 > v || (v2 == v && i2 < i))) {
+    v = v2;
+    i = i2;
+  }
+}
+
+template <int kThreads>
+__device__ __forceinline__ void greedy_block_merge(float &v, int &i) {
+  __shared__ float sv[kThreads / 32];
+  __shared__ int si[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+    const int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+    greedy_merge(v, i, v2, i2);
+  }
+  if constexpr (kThreads > 32) {
+    const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+      sv[w] = v;
+      si[w] = i;
+    }
+    __syncthreads();
+    if (w == 0) {
+      v = lane < kThreads / 32 ? sv[lane] : 0.0f;
+      i = lane < kThreads / 32 ? si[lane] : -1;
+      for (int o = 16; o > 0; o >>= 1) {
+        const float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+        const int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+        greedy_merge(v, i, v2, i2);
+      }
+    }
+  }
+}
+
+struct GreedyPart {
+  float v;
+  int i;  // -1: the segment is all NaN
+};
+
+// Block (part, row): the best candidate of segment `part` of the row. Each thread walks its
+// elements in ascending order, keeping the first of equal values.
+constexpr int kGreedyThreads = 256;
+__global__ void __launch_bounds__(kGreedyThreads)
+    greedy_parts_kernel(const float *__restrict__ x, int64_t width, int64_t seg, GreedyPart *parts) {
+  dev::pdl_start();
+  const float *row = x + size_t(blockIdx.y) * size_t(width);
+  const int64_t a = int64_t(blockIdx.x) * seg, b = a + seg < width ? a + seg : width;
+  float v = 0.0f;
+  int i = -1;
+  for (int64_t j = a + threadIdx.x; j < b; j += kGreedyThreads) {
+    const float e = row[j];
+    if (!isnan(e) && (i < 0 || e > v)) {
+      v = e;
+      i = int(j);
+    }
+  }
+  greedy_block_merge<kGreedyThreads>(v, i);
+  if (threadIdx.x == 0) parts[size_t(blockIdx.y) * gridDim.x + blockIdx.x] = {v, i};
+}
+
+// Block row: merge the row's parts; a NaN at index 0 (or no candidate at all) gives 0.
+__global__ void __launch_bounds__(32)
+    greedy_merge_kernel(const float *__restrict__ x, int64_t width, const GreedyPart *parts, int n_parts,
+                        int32_t *out) {
+  dev::pdl_start();
+  float v = 0.0f;
+  int i = -1;
+  for (int p = threadIdx.x; p < n_parts; p += 32) {
+    const GreedyPart q = parts[size_t(blockIdx.x) * n_parts + p];
+    greedy_merge(v, i, q.v, q.i);
+  }
+  greedy_block_merge<32>(v, i);
+  if (threadIdx.x == 0) out[blockIdx.x] = (i < 0 || isnan(x[size_t(blockIdx.x) * size_t(width)])) ? 0 : i;
+}
+
 }  // namespace
+
+size_t greedy_scratch_bytes(int n_rows) { return size_t(n_rows > 0 ? n_rows : 0) * kGreedyParts * sizeof(GreedyPart); }
+
+Status greedy_rows(const float *x, int64_t width, int n_rows, int32_t *out, void *scratch, CudaStream s) {
+  if (n_rows < 0 || n_rows > 65535 || width <= 0 || width > 0x7FFFFFFF) return bad_arg("cuda::greedy_rows: bad shape");
+  if (n_rows == 0) return Status::ok();
+  if (x == nullptr || out == nullptr || scratch == nullptr) return bad_arg("cuda::greedy_rows: null pointer");
+  // Segments of whole 256-float runs, as many as kGreedyParts allows.
+  const int64_t seg = ((width + kGreedyParts - 1) / kGreedyParts + 255) / 256 * 256;
+  const int n_parts = int((width + seg - 1) / seg);
+  auto *parts = static_cast<GreedyPart *>(scratch);
+  launch(greedy_parts_kernel, dim3(unsigned(n_parts), unsigned(n_rows)), kGreedyThreads, s, x, width, seg, parts);
+  if (Status st = launch_status("cuda::greedy_rows"); !st.is_ok()) return st;
+  launch(greedy_merge_kernel, unsigned(n_rows), 32, s, x, width, static_cast<const GreedyPart *>(parts), n_parts,
+         out);
+  return launch_status("cuda::greedy_rows");
+}
 
 Status rmsnorm_add(const float *x, const float *g, float *out, float *h, int64_t n_vec, int64_t dim, float eps,
                    CudaStream s) {

@@ -216,6 +216,14 @@ Status scale_inplace(float *x, float scale, int64_t n, CudaStream s);
 Status add_scale(float *z, const float *t, float scale, int64_t n, CudaStream s);
 // x[i] = cap * tanh(x[i] / cap) (tanh as in gelu_mul: within 1 ulp of libm's)
 Status softcap(float *x, int64_t n, float cap, CudaStream s);
+// out[r] = the greedy token of row r of x [n_rows][width]: base/argmax.h's greedy_argmax (the
+// first index of the largest value, NaNs never chosen, a NaN at index 0 kept; every NaN: 0).
+// Each row read in kGreedyParts segments (one block each) whose (largest, first index) are
+// merged in segment order by a second kernel. scratch: greedy_scratch_bytes(n_rows) of
+// device memory. width < 2^31, n_rows <= 65535.
+constexpr int kGreedyParts = 64;
+size_t greedy_scratch_bytes(int n_rows);
+Status greedy_rows(const float *x, int64_t width, int n_rows, int32_t *out, void *scratch, CudaStream s);
 // dst[r][0, width) = src[r][col0, col0 + width); src: [n_rows][src_stride], dst: [n_rows][width].
 Status copy_cols(const float *src, int64_t src_stride, int64_t col0, float *dst, int64_t width, int n_rows,
                  CudaStream s);
