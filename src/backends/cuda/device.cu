@@ -100,8 +100,14 @@ void host_free_pinned(void *p) {
   if (p) (void)cudaFreeHost(p);
 }
 
+// From pageable memory cudaMemcpy returns once the bytes are staged, before their DMA to the
+// device may have finished, and the copy is ordered on the legacy stream only: a kernel on a
+// non-blocking stream (every stream here) could read the destination before it arrives.
+// Waiting for the legacy stream makes the copy complete, as kernels.h promises.
 Status upload(void *dst, const void *src, size_t bytes) {
-  return cuda_status(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "upload");
+  Status st = cuda_status(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "upload");
+  if (!st.is_ok()) return st;
+  return cuda_status(cudaStreamSynchronize(cudaStreamLegacy), "upload (waiting for the copy)");
 }
 Status download(void *dst, const void *src, size_t bytes) {
   return cuda_status(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "download");

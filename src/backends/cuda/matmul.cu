@@ -579,11 +579,15 @@ __global__ void __launch_bounds__(kMvOut * 16)
 // trip to memory per step: Gemma 4's per-layer input gate (BF16 2560 x 256, 32 blocks) took
 // ~9 us in its five. The same chains in the same order and the same tree: the same bits.
 // Rows are padded by 16 elements, so the two half-warps of a warp read distinct banks.
+// blockIdx.y: the activation row (several rows: each block stages its outputs' weights again,
+// from L2 for the small matrices it is used for).
 template <GgmlType T>
 __global__ void __launch_bounds__(kMvOut * 16)
     matvec_f32_whole_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
                             const float *__restrict__ x, float *__restrict__ y) {
   extern __shared__ __align__(16) uint8_t whole_sm[];
+  x += size_t(blockIdx.y) * size_t(K);
+  y += size_t(blockIdx.y) * size_t(n_out);
   constexpr int kElem = T == GgmlType::F32 ? 4 : 2;
   const int tid = threadIdx.x, o = tid / 16, l = tid % 16;
   const int64_t n0 = int64_t(blockIdx.x) * kMvOut;
@@ -620,28 +624,35 @@ __global__ void __launch_bounds__(kMvOut * 16)
   if (l == 0 && o < rows) y[n0 + o] = acc;
 }
 
-// The whole-K kernel for one row where it applies: float weights with 16-byte aligned rows,
-// an aligned x, and shared memory for kMvOut rows and x. GEIST_CUDA_F32_WHOLE=0: never (a
-// knob to compare; the bits are the same).
+// The whole-K kernel where it applies: float weights with 16-byte aligned rows, an aligned
+// x, and shared memory for kMvOut rows and x; one block row per activation row. For one row
+// always; for 2-8 rows on matrices of at most kF32WholeRowsMaxBytes (Gemma 4's per-layer
+// gate, 2560 x 256 BF16: matvec_f32_kernel<8> gave its 32 blocks a serial walk over K for 8
+// rows each, while every block here is a one-row block, reading the matrix again from L2).
+// GEIST_CUDA_F32_WHOLE=0: never; GEIST_CUDA_F32_WHOLE_ROWS=0: one row only (knobs to
+// compare; the bits are the same).
+constexpr size_t kF32WholeRowsMaxBytes = size_t(8) << 20;
 template <GgmlType T>
-bool launch_matvec_f32_whole(const DevMatrix &w, const float *x, float *y, CudaStream s) {
+bool launch_matvec_f32_whole(const DevMatrix &w, const float *x, float *y, int n_rows, CudaStream s) {
   if constexpr (!kFloatType<T>) {
     return false;
   } else {
     static const bool on = env_int("GEIST_CUDA_F32_WHOLE", 1) != 0;
+    static const bool rows_on = env_int("GEIST_CUDA_F32_WHOLE_ROWS", 1) != 0;
     constexpr int kElem = T == GgmlType::F32 ? 4 : 2;
     if (!on || w.row_bytes % 16 != 0 || w.n_in % 4 != 0 || (reinterpret_cast<uintptr_t>(w.data) % 16) != 0 ||
         (reinterpret_cast<uintptr_t>(x) % 16) != 0) {
       return false;
     }
+    if (n_rows > 1 && (!rows_on || n_rows > 8 || w.row_bytes * size_t(w.n_out) > kF32WholeRowsMaxBytes)) return false;
     const size_t smem = size_t(kMvOut) * (w.row_bytes + 16 * kElem) + size_t(w.n_in) * 4;
     static std::atomic<uint64_t> done{0};
     if (smem > size_t(48 * 1024) &&
         (smem > device_optin_smem() || !allow_dynamic_smem(matvec_f32_whole_kernel<T>, device_optin_smem(), done))) {
       return false;
     }
-    launch_smem(matvec_f32_whole_kernel<T>, dim3(unsigned((w.n_out + kMvOut - 1) / kMvOut)), dim3(kMvOut * 16), smem,
-                s, w.data, w.row_bytes, w.n_in, w.n_out, x, y);
+    launch_smem(matvec_f32_whole_kernel<T>, dim3(unsigned((w.n_out + kMvOut - 1) / kMvOut), unsigned(n_rows)),
+                dim3(kMvOut * 16), smem, s, w.data, w.row_bytes, w.n_in, w.n_out, x, y);
     return true;
   }
 }
@@ -650,7 +661,7 @@ template <GgmlType T>
 void launch_matvec_f32(const DevMatrix &w, const float *x, float *y, int n_rows, CudaStream s) {
   const dim3 grid(unsigned((w.n_out + kMvOut - 1) / kMvOut), unsigned((n_rows + 7) / 8));
   const dim3 block(kMvOut * 16);
-  if (n_rows == 1 && launch_matvec_f32_whole<T>(w, x, y, s)) return;
+  if (launch_matvec_f32_whole<T>(w, x, y, n_rows, s)) return;
   if (n_rows == 1) {
     launch(matvec_f32_kernel<T, 1>, grid, block, s, w.data, w.row_bytes, w.n_in, w.n_out, x, y, n_rows,
            prefetch_mode());
