@@ -446,6 +446,38 @@ CUDA_TEST(CudaOps, MatmulNMixedTypesBitExact) {
 }
 
 // A range of output rows is a view of the matrix (DevMatrix comment): equal to cpu::matmul_range.
+// One row of a long Q4_0/Q5_0/Q8_0 matrix (an output head: matvec_q32_staged_kernel, its
+// rows staged through shared memory) and two rows of it (matvec_q32_kernel), against the CPU
+// generic matmul, memcmp; n_out not a multiple of the staged kernel's 64 rows, K of 20, 3
+// and 33 blocks.
+CUDA_TEST(CudaOps, MatmulLongMatrixFewRowsBitExact) {
+  REQUIRE_CUDA();
+  ThreadPool pool(4);
+  std::mt19937 rng(4321);
+  ActModeScope scope(cpu::ActivationMode::Q8);
+  const int64_t kN = 40037;
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0}) {
+    Stats st{std::string("matmul long ") + quant::type_name(t)};
+    for (int64_t k : {int64_t(640), int64_t(96), int64_t(1056)}) {
+      SCOPED_TRACE(std::string(quant::type_name(t)) + " K=" + std::to_string(k));
+      const std::vector<uint8_t> w = random_matrix(t, k, kN, rng);
+      const std::vector<float> x = random_acts(2, k, rng);
+      std::vector<float> want(size_t(2) * kN);
+      cpu::matmul_generic(view_of(w, t, k, kN), x.data(), want.data(), 2, pool);
+      DevBuf dw(w), dx(x), dy(want.size() * 4);
+      const cu::DevMatrix m = dev_matrix(dw, t, k, kN);
+      DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m, 2)));
+      for (int n : {1, 2}) {
+        CU_OK(cu::memset_async(dy.as(), 0xFF, want.size() * 4, cuda_env().s));
+        CU_OK(cu::matmul(m, dx.as<float>(), dy.as<float>(), n, cu::ActMode::Q8, scratch.as(), cuda_env().s));
+        const std::vector<float> got = dy.get<float>(size_t(n) * kN);
+        st.add(got.data(), want.data(), got.size());
+        ASSERT_TRUE(bits_equal(got.data(), want.data(), got.size())) << "n_rows " << n;
+      }
+    }
+  }
+}
+
 CUDA_TEST(CudaOps, MatmulRowRangeView) {
   REQUIRE_CUDA();
   ThreadPool pool(4);

@@ -322,6 +322,117 @@ __global__ void __launch_bounds__(kMvq32Warps * 32)
   }
 }
 
+// ---- one row of a long 32-block matrix, staged through shared memory ----------------------
+// The 270M's output head (Q8_0, 640 x 262144, 178 MB per token) read at ~1.2 TB/s in
+// matvec_q32_kernel, where a warp takes one 680-byte row: 3 steps of 8 blocks, each with its
+// shuffles, for 21 bytes a lane. Here a block copies tr consecutive rows (one contiguous run
+// of tr x row_bytes bytes) into shared memory with 16-byte cp.async issued before pdl_start,
+// then the activation row; P = 256 / tr threads per output compute the integer sums of the
+// blocks b = p (mod P) and write each block's f32 term (dw * dx_b) * isum_b to shared memory,
+// and one thread per output adds the terms in block order, from 0: q32_warp's arithmetic,
+// the same bits.
+constexpr int kQ32sThreads = 256;
+
+template <GgmlType T>
+__device__ __forceinline__ int q32s_isum(const uint8_t *blk, const int8_t *x) {
+  using BI = dev::BlockInfo<T>;
+  int isum = 0;
+  if constexpr (T == GgmlType::Q8_0) {
+    // The quants start 2 bytes into the block: 16 two-byte loads make the 8 words.
+    const int4 *xv = reinterpret_cast<const int4 *>(x);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int4 xw = xv[h];
+      const int xs[4] = {xw.x, xw.y, xw.z, xw.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint16_t *q = reinterpret_cast<const uint16_t *>(blk + 2 + 16 * h + 4 * j);
+        isum = __dp4a(int(uint32_t(q[0]) | (uint32_t(q[1]) << 16)), xs[j], isum);
+      }
+    }
+  } else {
+#pragma unroll 8
+    for (int i = 0; i < 32; ++i) {
+      int a, m;
+      dev::unpack_elem<T>(blk, i, &a, &m);
+      isum += a * int(x[i]);
+    }
+  }
+  return isum;
+}
+
+template <GgmlType T>
+__global__ void __launch_bounds__(kQ32sThreads)
+    matvec_q32_staged_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
+                             const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y,
+                             int tr) {
+  using BI = dev::BlockInfo<T>;
+  extern __shared__ __align__(16) uint8_t q32s_sm[];
+  const int nb = int(K / 32), tid = threadIdx.x;
+  const int64_t n0 = int64_t(blockIdx.x) * tr;
+  const int rows = int(n_out - n0 < tr ? n_out - n0 : tr);
+  uint8_t *ws = q32s_sm;  // [tr][row_bytes]
+  int8_t *xs = reinterpret_cast<int8_t *>(q32s_sm + (size_t(tr) * row_bytes + 15) / 16 * 16);  // [K]
+  float *dxs = reinterpret_cast<float *>(xs + K);                                             // [nb]
+  float *terms = dxs + nb;                                                                      // [tr][nb]
+  const size_t run = size_t(rows) * row_bytes, whole = run / 16 * 16;
+  const uint8_t *src = w + size_t(n0) * row_bytes;
+  for (size_t c = size_t(tid) * 16; c < whole; c += kQ32sThreads * 16) dev::cp_async16(ws + c, src + c);
+  dev::cp_async_commit();
+  for (size_t c = whole + size_t(tid); c < run; c += kQ32sThreads) ws[c] = src[c];  // the last block's tail
+  dev::pdl_start();
+  for (int64_t c = int64_t(tid) * 16; c < K; c += kQ32sThreads * 16) dev::cp_async16(xs + c, xq + c);
+  dev::cp_async_commit();
+  for (int b = tid; b < nb; b += kQ32sThreads) dxs[b] = xd[b];
+  dev::cp_async_wait_all();
+  __syncthreads();
+  const int P = kQ32sThreads / tr, o = tid / P, p = tid % P;
+  if (o < rows) {
+    const uint8_t *wr = ws + size_t(o) * row_bytes;
+    for (int b = p; b < nb; b += P) {
+      const uint8_t *blk = wr + size_t(b) * BI::kBytes;
+      const int isum = q32s_isum<T>(blk, xs + 32 * b);
+      const float dw = dev::fp16_to_fp32(dev::ld_u16(blk + BI::kDOff));
+      terms[o * nb + b] = __fmul_rn(__fmul_rn(dw, dxs[b]), float(isum));
+    }
+  }
+  __syncthreads();
+  if (p == 0 && o < rows) {
+    float sum = 0.0f;
+    for (int b = 0; b < nb; ++b) sum = __fadd_rn(sum, terms[o * nb + b]);
+    y[n0 + o] = sum;
+  }
+}
+
+// The staged kernel for one row of one long matrix (at least 2 blocks of tr outputs per SM),
+// with tr the most of 64, 32, 16, 8 rows whose staging fits the device's shared memory and
+// keeps each block's run 16-byte aligned. GEIST_CUDA_Q32_STAGED=0: never (a knob to compare;
+// the bits are the same). false, with nothing launched, where it does not apply.
+template <GgmlType T>
+bool launch_q32_staged(const DevMatrix &w, float *y, const int8_t *xq, const float *xd, CudaStream s) {
+  static const bool on = env_int("GEIST_CUDA_Q32_STAGED", 1) != 0;
+  if (!on || (reinterpret_cast<uintptr_t>(w.data) % 16) != 0 || (reinterpret_cast<uintptr_t>(xq) % 16) != 0 ||
+      w.n_in % 32 != 0) {
+    return false;
+  }
+  const int64_t nb = w.n_in / 32;
+  auto smem_of = [&](int tr) {
+    return (size_t(tr) * w.row_bytes + 15) / 16 * 16 + size_t(w.n_in) + size_t(nb) * 4 + size_t(tr) * size_t(nb) * 4;
+  };
+  const size_t limit = std::min<size_t>(device_optin_smem(), size_t(64) << 10);
+  int tr = 64;
+  while (tr >= 8 && ((size_t(tr) * w.row_bytes) % 16 != 0 || smem_of(tr) > limit)) tr /= 2;
+  if (tr < 8 || (w.n_out + tr - 1) / tr < 2 * int64_t(device_sm_count())) return false;
+  const size_t smem = smem_of(tr);
+  static std::atomic<uint64_t> done{0};
+  if (smem > size_t(48 * 1024) && !allow_dynamic_smem(matvec_q32_staged_kernel<T>, size_t(64) << 10, done)) {
+    return false;
+  }
+  launch_smem(matvec_q32_staged_kernel<T>, dim3(unsigned((w.n_out + tr - 1) / tr)), dim3(kQ32sThreads), smem, s,
+              w.data, w.row_bytes, w.n_in, w.n_out, xq, xd, y, tr);
+  return true;
+}
+
 // ---- F32 matmul (dequantized weights) ------------------------------------------------------
 
 constexpr int kRowsPerHalf = 4;  // activation rows per half-warp (8 per warp)
@@ -626,9 +737,10 @@ __global__ void __launch_bounds__(kMvOut * 16)
 
 // The whole-K kernel where it applies: float weights with 16-byte aligned rows, an aligned
 // x, and shared memory for kMvOut rows and x; one block row per activation row. For one row
-// always; for 2-8 rows on matrices of at most kF32WholeRowsMaxBytes (Gemma 4's per-layer
-// gate, 2560 x 256 BF16: matvec_f32_kernel<8> gave its 32 blocks a serial walk over K for 8
-// rows each, while every block here is a one-row block, reading the matrix again from L2).
+// always; for several on matrices of at most kF32WholeRowsMaxBytes where matvec_f32_kernel
+// would give the SMs fewer blocks than they are (Gemma 4's per-layer gate, 2560 x 256 BF16:
+// 32 blocks per 8 rows, each a serial walk over K; 8 rows took 19.6 us there, 3.2 here,
+// where every block is a one-row block reading the matrix again from L2).
 // GEIST_CUDA_F32_WHOLE=0: never; GEIST_CUDA_F32_WHOLE_ROWS=0: one row only (knobs to
 // compare; the bits are the same).
 constexpr size_t kF32WholeRowsMaxBytes = size_t(8) << 20;
@@ -644,7 +756,10 @@ bool launch_matvec_f32_whole(const DevMatrix &w, const float *x, float *y, int n
         (reinterpret_cast<uintptr_t>(x) % 16) != 0) {
       return false;
     }
-    if (n_rows > 1 && (!rows_on || n_rows > 8 || w.row_bytes * size_t(w.n_out) > kF32WholeRowsMaxBytes)) return false;
+    if (n_rows > 1 && (!rows_on || n_rows > 65535 || w.row_bytes * size_t(w.n_out) > kF32WholeRowsMaxBytes ||
+                       (w.n_out + kMvOut - 1) / kMvOut * ((n_rows + 7) / 8) >= device_sm_count())) {
+      return false;
+    }
     const size_t smem = size_t(kMvOut) * (w.row_bytes + 16 * kElem) + size_t(w.n_in) * 4;
     static std::atomic<uint64_t> done{0};
     if (smem > size_t(48 * 1024) &&
@@ -813,6 +928,7 @@ void launch_q32_matvec(const DevMatrix *ws, float *const *ys, int n, const Quant
         auto go = [&](auto kernel) {
           launch(kernel, g, kMvq32Warps * 32, s, set, K, qa.q, qa.d, n_rows, prefetch_mode());
         };
+        if (n_rows == 1 && set.n == 1 && launch_q32_staged<T>(ws[m0], ys[m0], qa.q, qa.d, s)) return;
         if (n_rows == 1) {
           go(matvec_q32_kernel<T, 1>);
         } else if (n_rows == 2) {
