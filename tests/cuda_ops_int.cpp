@@ -1308,7 +1308,9 @@ inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk 
   cpu::attention_on_tier(cpu::Isa::Generic, a, pool);
 
   DevBuf dq(q), dout(q.size() * 4);
-  DevBuf scratch(cu::attention_scratch_bytes(c.n_head, c.head_dim));
+  // Sized for the whole call: the many-queries kernel then takes up to 256 queries a launch.
+  const size_t scratch_bytes = cu::attention_scratch_bytes(c.n_head, c.head_dim, c.n_rows);
+  DevBuf scratch(scratch_bytes);
   const size_t n_cnt = cu::attention_counter_bytes(c.n_head) / sizeof(unsigned);
   DevBuf counters(std::vector<unsigned>(n_cnt, 0u));
   const int step = chunk > 0 ? chunk : c.n_rows;
@@ -1337,6 +1339,7 @@ inline AttnResult run_attention(const AttnCase &c, std::mt19937 &rng, int chunk 
     g.window = c.window;
     g.scale = scale;
     g.scratch = split ? scratch.as() : nullptr;
+    g.scratch_bytes = split ? scratch_bytes : 0;
     g.any_head_dim = any_head_dim;
     g.single_query = single_query;
     g.merge_counters = merge_counters ? counters.as<unsigned>() : nullptr;
@@ -1529,7 +1532,7 @@ CUDA_TEST(CudaOps, AttentionMultiQuerySameBits) {
   REQUIRE_CUDA();
   std::vector<AttnCase> cases;
   for (KvType t : kKvTypes) {
-    cases.push_back(AttnCase{130, 8, 2, 256, 0, 0, 130, t, t});        // causal from 0, 3 row groups
+    cases.push_back(AttnCase{130, 8, 2, 256, 0, 0, 130, t, t});        // causal from 0: one launch of 130 queries
     cases.push_back(AttnCase{77, 4, 1, 256, 512, 600, 512 + 77, t, t});  // sliding window, ring wraps
   }
   cases.push_back(AttnCase{40, 8, 2, 512, 0, 100, 140, KvType::F32, KvType::F32});
@@ -1538,6 +1541,7 @@ CUDA_TEST(CudaOps, AttentionMultiQuerySameBits) {
   cases.push_back(AttnCase{33, 4, 2, 64, 100, 1000, 100 + 33, KvType::BF16, KvType::BF16});
   cases.push_back(AttnCase{5, 16, 1, 256, 0, 70, 75, KvType::F32, KvType::F32});     // group 16: one row per tile
   cases.push_back(AttnCase{9, 8, 2, 256, 0, 0, 9, KvType::F16, KvType::Q8_0});       // mixed K and V types
+  cases.push_back(AttnCase{300, 8, 2, 256, 0, 20, 320, KvType::F32, KvType::F32});   // launches of 256 and 44
   for (const AttnCase &c : cases) {
     SCOPED_TRACE(describe(c));
     std::mt19937 rng_a(7), rng_b(7), rng_c(7);
@@ -1712,7 +1716,8 @@ CUDA_TEST(CudaOps, DISABLED_PerfAttention) {
         DevBuf kf(randn(size_t(c.capacity) * row, r2)), dq(randn(size_t(rows) * c.n_head * c.head_dim, r2));
         DevBuf dout(size_t(rows) * c.n_head * c.head_dim * 4), dp(std::vector<int64_t>{0}),
             dp0(std::vector<int64_t>{c.pos0});
-        DevBuf scratch(cu::attention_scratch_bytes(c.n_head, c.head_dim));
+        const size_t scratch_bytes = cu::attention_scratch_bytes(c.n_head, c.head_dim, rows);
+        DevBuf scratch(scratch_bytes);
         CU_OK(cu::kv_append(t, dk.as(), c.capacity, row, dp.as<int64_t>(), int(c.capacity), kf.as<float>(), s));
         CU_OK(cu::kv_append(t, dv.as(), c.capacity, row, dp.as<int64_t>(), int(c.capacity), kf.as<float>(), s));
         cu::AttnArgs g;
@@ -1731,6 +1736,7 @@ CUDA_TEST(CudaOps, DISABLED_PerfAttention) {
         double ms[3];
         for (int split = 0; split < 3; ++split) {
           g.scratch = split ? scratch.as() : nullptr;
+          g.scratch_bytes = split ? scratch_bytes : 0;
           g.single_query = split == 2;
           ms[split] = time_ms([&] { (void)cu::attention(g, s); }, split ? 20 : 3);
         }

@@ -847,8 +847,35 @@ Status kv_write_positions(KvType t, void *ring, int64_t capacity, int64_t row_el
   });
 }
 
-size_t attention_scratch_bytes(int n_head, int head_dim) {
-  return size_t(kRowGroup) * size_t(n_head) * kSplits * size_t(head_dim + 2) * sizeof(float);
+namespace {
+// Queries per launch of the many-queries kernel: GEIST_CUDA_ATTN_ROWS (a multiple of 64 in
+// [64, 4096], default 256). Each launch covers only the chunks its queries reach, so 64 at a
+// time left most of the GPU idle in a prefill from position 0 (E4B pp512: 8 launch pairs of
+// 32 to 256 live blocks). The rows a launch takes change no query's bits.
+int mq_row_group_max() {
+  static const int v = [] {
+    const int n = env_int("GEIST_CUDA_ATTN_ROWS", 256) / kRowGroup * kRowGroup;
+    return n < kRowGroup ? kRowGroup : n > 4096 ? 4096 : n;
+  }();
+  return v;
+}
+int rows_per_launch(int n_rows) {
+  if (n_rows <= kRowGroup) return kRowGroup;
+  const int r = (n_rows + kRowGroup - 1) / kRowGroup * kRowGroup;
+  return r < mq_row_group_max() ? r : mq_row_group_max();
+}
+size_t partial_bytes_per_row(int n_head, int head_dim) {
+  return size_t(n_head) * kSplits * size_t(head_dim + 2) * sizeof(float);
+}
+}  // namespace
+
+bool attention_mq_in_steps() {
+  static const bool v = env_int("GEIST_CUDA_ATTN_MQ_STEPS", 0) != 0;
+  return v;
+}
+
+size_t attention_scratch_bytes(int n_head, int head_dim, int n_rows) {
+  return size_t(rows_per_launch(n_rows)) * partial_bytes_per_row(n_head, head_dim);
 }
 
 size_t attention_counter_bytes(int n_head) { return size_t(kRowGroup) * size_t(n_head) * sizeof(unsigned); }
@@ -899,10 +926,22 @@ Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {
   auto *part = static_cast<float *>(a.scratch);
   unsigned *const cnt = a.merge_counters;
   const int group = a.n_head / a.n_head_kv;
-  const bool mq = !a.single_query && !a.any_head_dim && p.seqs.n == 0 && a.n_rows >= kMqMinRows &&
+  // GEIST_CUDA_ATTN_MQ=0: never the many-queries kernel (a knob to compare; the same bits).
+  static const bool mq_on = env_int("GEIST_CUDA_ATTN_MQ", 1) != 0;
+  const bool mq = mq_on && !a.single_query && !a.any_head_dim && p.seqs.n == 0 && a.n_rows >= kMqMinRows &&
                   kMqHeads % group == 0 && (a.head_dim == 64 || a.head_dim == 128 || a.head_dim == 256 || a.head_dim == 512);
-  for (int row0 = 0; row0 < a.n_rows; row0 += kRowGroup) {
-    const int nr = a.n_rows - row0 < kRowGroup ? a.n_rows - row0 : kRowGroup;
+  // The many-queries kernel takes as many queries per launch as the scratch holds (at most
+  // rows_per_launch); the others 64.
+  int per_launch = kRowGroup;
+  if (mq) {
+    const size_t have = a.scratch_bytes != 0 ? a.scratch_bytes : attention_scratch_bytes(a.n_head, a.head_dim);
+    const int fit = int(have / partial_bytes_per_row(a.n_head, a.head_dim)) / kRowGroup * kRowGroup;
+    const int want = rows_per_launch(a.n_rows);
+    per_launch = fit < want ? fit : want;
+    if (per_launch < kRowGroup) per_launch = kRowGroup;
+  }
+  for (int row0 = 0; row0 < a.n_rows; row0 += per_launch) {
+    const int nr = a.n_rows - row0 < per_launch ? a.n_rows - row0 : per_launch;
     const dim3 grid(unsigned(kSplits), unsigned(a.n_head), unsigned(nr));
     if (mq) {
       const int rows_per = kMqHeads / group;
@@ -990,6 +1029,17 @@ Status attention_seqs(const AttnArgs &a, const SeqRings &sq, CudaStream s) {
   }
   if (!a.q || !a.out) return bad_arg("cuda::attention: null pointer");
   AttnParams p = params_of(a);
+  if (sq.n == 1 && attention_mq_in_steps()) {
+    // One sequence (a prefill chunk, one session's decode): its rings as the plain call's, so
+    // that the many-queries kernel, which takes no sequence table, runs a prefill (every model
+    // step passes its table, so no prefill has ever reached that kernel). Every kernel reads
+    // the same rings and positions either way: the same bits.
+    p.c.k = static_cast<const uint8_t *>(sq.k[0]);
+    p.c.v = static_cast<const uint8_t *>(sq.v[0]);
+    p.c.pos0 = sq.pos0[0];
+    p.c.capacity = sq.capacity[0];
+    return run_attention(a, p, s);
+  }
   p.seqs = sq;
   return run_attention(a, p, s);
 }

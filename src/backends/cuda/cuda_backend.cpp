@@ -546,11 +546,13 @@ class CudaExec final : public Exec {
     });
   }
   void attention(int l, Act q, Act out, int n_head, int head_dim, int window, float scale) override {
-    // The split kernel's scratch: sized by the largest (heads, head dim) seen, which the
-    // warm-up step at session creation reaches. A smaller one already recorded into this
+    // The split kernel's scratch: sized by the largest (heads, head dim) seen (and, where a
+    // prefill reaches the many-queries kernel, by the session's chunk: the queries one launch
+    // may take), which the warm-up step at session creation reaches. A smaller one already
+    // recorded into this
     // step stays allocated until the step ends. Groups run one after another on the stream,
     // so they share it.
-    const size_t need = cuda::attention_scratch_bytes(n_head, head_dim);
+    const size_t need = cuda::attention_scratch_bytes(n_head, head_dim, cuda::attention_mq_in_steps() ? max_rows_ : 1);
     if (attn_scratch_bytes_ < need) {
       void *p = nullptr;
       if (Status st = alloc(&p, need, "attention scratch"); !st.is_ok()) return fail(st);
@@ -588,6 +590,7 @@ class CudaExec final : public Exec {
       a.window = window;
       a.scale = scale;
       a.scratch = attn_scratch_;
+      a.scratch_bytes = attn_scratch_bytes_;
       a.merge_counters = need_cnt > 0 ? static_cast<unsigned *>(attn_counters_) : nullptr;
       record("attention", mix(h, key(6, a.q, a.out, n_head, a.n_head_kv, head_dim, window, scale, a.scratch,
                                       a.merge_counters)),

@@ -267,7 +267,8 @@ struct AttnArgs {
   int n_head = 0, n_head_kv = 0, head_dim = 0;  // n_head % n_head_kv == 0; head_dim <= 512
   int window = 0;             // keys [max(0, p - window + 1), p] visible; 0 = [0, p]
   float scale = 1.0f;
-  void *scratch = nullptr;    // attention_scratch_bytes(n_head, head_dim) bytes: the split kernel
+  void *scratch = nullptr;    // attention_scratch_bytes(n_head, head_dim, n_rows) bytes: the split kernel
+  size_t scratch_bytes = 0;   // its size (0: attention_scratch_bytes(n_head, head_dim), 64 queries' worth)
   // The split kernel is compiled for head dims 64/128/256/512 (K and V of one type) and for
   // any head dim; both give the same bits. true: the any-head-dim one (the tests compare).
   bool any_head_dim = false;
@@ -285,8 +286,15 @@ struct AttnArgs {
   int quant_block = 0;
   void *quant_scratch = nullptr;
 };
-// Device scratch the split kernel needs (any n_rows: queries go 64 at a time).
-size_t attention_scratch_bytes(int n_head, int head_dim);
+// Device scratch the split kernels need for calls of up to n_rows queries: the partials of
+// the queries one launch takes (64; the many-queries kernel up to GEIST_CUDA_ATTN_ROWS, default
+// 256, when n_rows has them). Any n_rows works with less: the queries then go 64 at a time.
+size_t attention_scratch_bytes(int n_head, int head_dim, int n_rows = 1);
+// Whether attention_seqs gives a one-sequence call (a model's prefill chunk) to the kernels
+// as a plain call, which lets a prefill reach the many-queries kernel: GEIST_CUDA_ATTN_MQ_STEPS=1.
+// Off by default: written after the device time of the session that found the gap ran out,
+// never run on a GPU yet (CUDA.md, "The many-queries attention and the model").
+bool attention_mq_in_steps();
 // Bytes of AttnArgs::merge_counters for n_head query heads.
 size_t attention_counter_bytes(int n_head);
 // With scratch (the fast path): keys in chunks of 64 absolute positions, 8 splits taking
