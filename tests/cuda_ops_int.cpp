@@ -445,7 +445,6 @@ CUDA_TEST(CudaOps, MatmulNMixedTypesBitExact) {
   }
 }
 
-// A range of output rows is a view of the matrix (DevMatrix comment): equal to cpu::matmul_range.
 // One row of a long Q4_0/Q5_0/Q8_0 matrix (an output head: matvec_q32_staged_kernel, its
 // rows staged through shared memory) and two rows of it (matvec_q32_kernel), against the CPU
 // generic matmul, memcmp; n_out not a multiple of the staged kernel's 64 rows, K of 20, 3
@@ -478,6 +477,7 @@ CUDA_TEST(CudaOps, MatmulLongMatrixFewRowsBitExact) {
   }
 }
 
+// A range of output rows is a view of the matrix (DevMatrix comment): equal to cpu::matmul_range.
 CUDA_TEST(CudaOps, MatmulRowRangeView) {
   REQUIRE_CUDA();
   ThreadPool pool(4);
@@ -998,10 +998,15 @@ CUDA_TEST(CudaOps, GreedyRowsIsTheScan) {
     std::uniform_int_distribution<int64_t> at(0, n - 1);
     switch (p) {
       case 0: break;                                               // random
-      case 1: for (int k = 0; k < 5; ++k) x[size_t(at(rng))] = 9.0f; break;  // ties anywhere
+      case 1:  // ties anywhere
+        for (int k = 0; k < 5; ++k) x[size_t(at(rng))] = 9.0f;
+        break;
       case 2: x[0] = nan; break;                                   // NaN at 0: 0
       case 3: std::fill(x.begin(), x.end(), nan); break;           // every NaN: 0
-      case 4: for (int64_t i = 0; i < n; i += 2) x[size_t(i)] = nan; x[size_t(n - 1)] = 50.0f; break;
+      case 4:  // every other element NaN, the largest last
+        for (int64_t i = 0; i < n; i += 2) x[size_t(i)] = nan;
+        x[size_t(n - 1)] = 50.0f;
+        break;
       case 5: std::fill(x.begin(), x.end(), -inf); break;          // all -inf: 0
       case 6: std::fill(x.begin(), x.end(), 0.0f); x[0] = -0.0f; break;  // zeros, -0 first: 0
       case 7: x[size_t(n - 1)] = inf; x[size_t(n / 2)] = inf; break;     // +inf twice
