@@ -221,14 +221,23 @@ class CpuExec final : public Exec {
     row_width_ = width;
     return {rows_out_.data(), width};
   }
-  // On the host already: each wanted row read over the pool (greedy_argmax's segments).
+  // On the host already: one wanted row read in segments over the pool (greedy_argmax),
+  // several one row per task (one fork and join for the step, not one per row).
   void greedy(Act x, int n_rows, int32_t *const *hosts) override {
     const OpProfile::Scope ps = scope("greedy");
+    greedy_rows_.clear();
     for (int r = 0; r < n_rows; ++r) {
-      if (hosts[r] != nullptr) {
-        *hosts[r] = static_cast<int32_t>(greedy_argmax(x.rows_from(r).p, x.width, pool_.get(), greedy_segment()));
-      }
+      if (hosts[r] != nullptr) greedy_rows_.push_back(r);
     }
+    if (greedy_rows_.size() == 1) {
+      const int r = greedy_rows_[0];
+      *hosts[r] = static_cast<int32_t>(greedy_argmax(x.rows_from(r).p, x.width, pool_.get(), greedy_segment()));
+      return;
+    }
+    pool_->run(static_cast<int>(greedy_rows_.size()), [&](int t, int) {
+      const int r = greedy_rows_[size_t(t)];
+      *hosts[r] = static_cast<int32_t>(greedy_argmax(x.rows_from(r).p, x.width));
+    });
   }
   Status end_step() override {
     for (size_t r = 0; r < row_hosts_.size(); ++r) {
@@ -351,6 +360,7 @@ class CpuExec final : public Exec {
   int max_rows_;
   std::vector<std::vector<float>> bufs_;
   std::vector<float> rows_out_;      // output_rows: the step's rows, copied out at end_step
+  std::vector<int> greedy_rows_;     // greedy: the rows wanted
   std::vector<float *> row_hosts_;
   int64_t row_width_ = 0;
   // The step's sequences: rows [row0, row0 + n) at positions pos0.. of kv.
