@@ -1,17 +1,14 @@
 #include "engine/sampler.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <unordered_set>
 
 #include "base/cpu_clones.h"
 #include "base/status.h"
-#include "base/thread_pool.h"
 
 namespace geist {
 namespace {

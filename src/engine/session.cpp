@@ -255,7 +255,7 @@ int32_t *Session::greedy_target() {
 }
 
 int32_t Session::draw(ThreadPool *pool) {
-  if (greedy_ >= 0 && sampler_.draws_argmax()) {
+  if (draws_step_greedy()) {
     sampler_.accept(greedy_);
     return greedy_;
   }
@@ -348,7 +348,7 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
   for (size_t i = 0; i < n; ++i) {
     if (n_tokens[i] != 0) continue;
     Session &s = *sessions[i];
-    if (s.greedy_ >= 0 && s.sampler_.draws_argmax()) {
+    if (s.draws_step_greedy()) {
       drawn[i] = s.draw(nullptr);  // the step's greedy token: nothing to read
     } else {
       decoding.push_back(i);

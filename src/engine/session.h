@@ -235,8 +235,11 @@ class Session {
   // greedy (a later change of the params reads the logits instead), else nothing.
   // GEIST_STEP_GREEDY=0: never (every draw reads the logits on the host), for an A/B.
   int32_t *greedy_target();
+  // Whether the next draw is the step's greedy token (computed, and the sampler draws the
+  // plain argmax): then it reads no logits.
+  bool draws_step_greedy() const { return greedy_ >= 0 && sampler_.draws_argmax(); }
   // The next token from the current logits, as sampler_.sample(logits_) draws it: the step's
-  // greedy token where the sampler draws the argmax, so the row is not read again here.
+  // greedy token where draws_step_greedy(), so the row is not read again here.
   int32_t draw(ThreadPool *pool);
   std::unique_ptr<Pin> pin_;
   mutable SessionStats stats_;  // snapshot() (const) counts too
