@@ -367,8 +367,9 @@ CUDA_TEST(CudaOps, MatvecSplitBitExact) {
       const cu::DevMatrix m = dev_matrix(dw, t, k, kN);
       DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m, 32)));
       // 9-32 rows: mvmma's two to four B tiles (GEIST_CUDA_MVMMA_ROWS=32), whose terms for
-      // K = 40 super-blocks need more than 48 KiB of shared memory from 17 rows.
-      for (int n : {1, 2, 3, 5, 8, 12, 17, 25, 32}) {
+      // K = 40 super-blocks need more than 48 KiB of shared memory from 17 rows; 1-4 rows:
+      // the staged kernel's row counts (GEIST_CUDA_MVS_ROWS=4).
+      for (int n : {1, 2, 3, 4, 5, 8, 12, 17, 25, 32}) {
         CU_OK(cu::memset_async(dy.as(), 0xFF, want.size() * 4, cuda_env().s));
         CU_OK(cu::matmul(m, dx.as<float>(), dy.as<float>(), n, cu::ActMode::Q8, scratch.as(), cuda_env().s));
         std::vector<float> got = dy.get<float>(size_t(n) * kN);

@@ -555,6 +555,141 @@ __global__ void __launch_bounds__(256, 2)
   }
 }
 
+// The same tile, pipelined, for float weights (F32, F16, BF16) with K a multiple of 8 and
+// 16-byte aligned rows: the x and W slabs of the next stages are copied into shared memory
+// with cp.async (16-byte chunks; a chunk past n_rows, n_out or K is zero-filled and never
+// added) while the current one is computed, where the kernel above stalls on its loads every
+// 64 elements of K. W stays in its own format in shared memory and is widened as it is read.
+// A group's 8 outputs are 4 apart (n0 + gn + 4j), so the two half-warps of a warp read
+// adjacent W rows, 64 bytes apart in banks. Every sum is the kernel above's, element for
+// element and in the same order: the same bits. GEIST_CUDA_F32_TILE_ASYNC=1 turns it on (off
+// until it has run on a GPU).
+constexpr int kFaXStride = kFtK + 4;  // floats per staged x row (16-byte aligned)
+
+template <GgmlType T>
+struct FaGeom {
+  static constexpr int kEsz = T == GgmlType::F32 ? 4 : 2;
+  static constexpr int kWStride = kFtK * kEsz + 64;  // bytes per staged W row
+  static constexpr int kXBytes = kFtM * kFaXStride * 4;
+  static constexpr int kStageBytes = kXBytes + kFtN * kWStride;
+  static constexpr int kStages = kEsz == 4 ? 2 : 3;  // under the 48 KB of static shared memory
+};
+
+template <GgmlType T>
+__device__ __forceinline__ float staged_elem(const uint8_t *p) {
+  if constexpr (T == GgmlType::F32) {
+    return *reinterpret_cast<const float *>(p);
+  } else if constexpr (T == GgmlType::BF16) {
+    return dev::bf16_to_fp32(*reinterpret_cast<const uint16_t *>(p));
+  } else {
+    return dev::fp16_to_fp32(*reinterpret_cast<const uint16_t *>(p));
+  }
+}
+
+template <GgmlType T>
+__global__ void __launch_bounds__(256, 2)
+    matmul_f32_tile_async_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
+                                 const float *__restrict__ x, float *__restrict__ y, int n_rows) {
+  using G = FaGeom<T>;
+  __shared__ __align__(16) uint8_t sm[G::kStages * G::kStageBytes];
+  const int tid = threadIdx.x, l = tid % 16, grp = tid / 16;
+  const int gm = grp / 4, gn = grp % 4;
+  const int64_t r0 = int64_t(blockIdx.y) * kFtM, n0 = int64_t(blockIdx.x) * kFtN;
+  const int n_k = int((K + kFtK - 1) / kFtK);
+  constexpr int kWChunks = kFtK * G::kEsz / 16;  // 16-byte chunks per W row and slab
+  constexpr int kWElems = 16 / G::kEsz;
+  auto load_w = [&](int it, int slot) {
+    uint8_t *dst = sm + slot * G::kStageBytes + G::kXBytes;
+    for (int c = tid; c < kFtN * kWChunks; c += 256) {
+      const int row = c / kWChunks, cc = c % kWChunks;
+      const int64_t k = int64_t(it) * kFtK + int64_t(cc) * kWElems;
+      const bool ok = n0 + row < n_out && k < K;
+      const uint8_t *src = ok ? w + size_t(n0 + row) * row_bytes + size_t(k) * G::kEsz : w;
+      dev::cp_async16_zfill(dst + row * G::kWStride + cc * 16, src, ok ? 16 : 0);
+    }
+  };
+  auto load_x = [&](int it, int slot) {
+    float *dst = reinterpret_cast<float *>(sm + slot * G::kStageBytes);
+    for (int c = tid; c < kFtM * (kFtK / 4); c += 256) {
+      const int row = c / (kFtK / 4), cc = c % (kFtK / 4);
+      const int64_t k = int64_t(it) * kFtK + 4 * cc;
+      const bool ok = r0 + row < n_rows && k < K;
+      const float *src = ok ? x + size_t(r0 + row) * K + k : x;
+      dev::cp_async16_zfill(dst + row * kFaXStride + 4 * cc, src, ok ? 16 : 0);
+    }
+  };
+  // The weights do not depend on the kernel before: their first slabs are asked for before
+  // pdl_start. Group s holds x's slab s (and, for s = 0, W's first slabs).
+  for (int st = 0; st < G::kStages - 1; ++st) {
+    if (st < n_k) load_w(st, st);
+  }
+  dev::pdl_start();
+  for (int st = 0; st < G::kStages - 1; ++st) {
+    if (st < n_k) load_x(st, st);
+    dev::cp_async_commit();
+  }
+  float acc[8][8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+  for (int it = 0; it < n_k; ++it) {
+    dev::cp_async_wait<G::kStages - 2>();
+    __syncthreads();  // slab it is in; every thread is done with the slot the next load takes
+    const int next = it + G::kStages - 1;
+    if (next < n_k) {
+      load_w(next, next % G::kStages);
+      load_x(next, next % G::kStages);
+    }
+    dev::cp_async_commit();
+    const int slot = it % G::kStages;
+    const float *xs = reinterpret_cast<const float *>(sm + slot * G::kStageBytes);
+    const uint8_t *ws = sm + slot * G::kStageBytes + G::kXBytes;
+    const int64_t k0 = int64_t(it) * kFtK;
+#pragma unroll
+    for (int kk = 0; kk < kFtK; kk += 16) {
+      if (k0 + kk + l < K) {
+        float a[8], b[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) a[i] = xs[(gm * 8 + i) * kFaXStride + kk + l];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) b[j] = staged_elem<T>(ws + (gn + 4 * j) * G::kWStride + (kk + l) * G::kEsz);
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[i][j] = __fadd_rn(acc[i][j], __fmul_rn(b[j], a[i]));
+      }
+    }
+  }
+  dev::cp_async_wait_all();
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int o = 8; o >= 1; o /= 2) acc[i][j] = __fadd_rn(acc[i][j], __shfl_down_sync(kFull, acc[i][j], o, 16));
+    }
+  }
+  if (l == 0) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t r = r0 + gm * 8 + i;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int64_t n = n0 + gn + 4 * j;
+        if (r < n_rows && n < n_out) y[size_t(r) * n_out + n] = acc[i][j];
+      }
+    }
+  }
+}
+
+// Whether the pipelined tile kernel takes w (a float type) and x.
+bool f32_tile_async(const DevMatrix &w, const float *x) {
+  static const bool on = env_int("GEIST_CUDA_F32_TILE_ASYNC", 0) != 0;
+  return on && w.n_in % 8 == 0 && w.row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+
 // ---- F32 matrix-vector (1..8 rows) ----------------------------------------------------------
 // dot_f32's 16 chains again, for few rows: a block stages 8 weight rows and the activation
 // rows in shared memory 512 elements at a time (coalesced loads, many in flight), then lane
@@ -1022,7 +1157,14 @@ Status matmul(const DevMatrix &w, const float *x, float *y, int n_rows, ActMode 
         launch_matvec_f32<T>(w, x, y, n_rows, s);
       } else if (!reference_kernels()) {
         const dim3 g(unsigned((w.n_out + kFtN - 1) / kFtN), unsigned((n_rows + kFtM - 1) / kFtM));
-        launch(matmul_f32_tile_kernel<T>, g, 256, s, w.data, w.row_bytes, K, w.n_out, x, y, n_rows);
+        bool done = false;
+        if constexpr (kFloatType<T>) {
+          if (f32_tile_async(w, x)) {
+            launch(matmul_f32_tile_async_kernel<T>, g, 256, s, w.data, w.row_bytes, K, w.n_out, x, y, n_rows);
+            done = true;
+          }
+        }
+        if (!done) launch(matmul_f32_tile_kernel<T>, g, 256, s, w.data, w.row_bytes, K, w.n_out, x, y, n_rows);
       } else {
         launch(matmul_f32_kernel<T>, grid, block, s, w.data, w.row_bytes, K, w.n_out, x, y, n_rows);
       }

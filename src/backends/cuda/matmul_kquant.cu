@@ -1535,20 +1535,23 @@ __host__ __device__ constexpr int mvs_pitch(int sb) {
   return T == GgmlType::Q6_K ? 16 * (((12 + sb * KQ<T>::kBytes + 8 + 15) / 16) | 1) : sb * KQ<T>::kBytes + 16;
 }
 
-// Shared memory: activations (K bytes), their 32-element sums (K / 32 ints), block scales
-// (nb floats, rounded up to 4), terms (tr x (nb | 1) floats, rounded up to 4), then the
-// slice buffers.
+// Shared memory for nr activation rows: activations (nr x K bytes), their 32-element sums
+// (nr x K / 32 ints), block scales (nr x nb floats, rounded up to 4), terms (nr x tr x
+// (nb | 1) floats, rounded up to 4), then the slice buffers.
 template <GgmlType T>
-__host__ __device__ constexpr size_t mvs_smem(int64_t K, MvsShape sh) {
+__host__ __device__ constexpr size_t mvs_smem(int64_t K, MvsShape sh, int nr) {
   const int64_t nb = K / 256, nbp = nb | 1;
-  return size_t(K) + size_t(K / 32) * 4 + size_t((nb + 3) / 4 * 4) * 4 + size_t((sh.tr * nbp + 3) / 4 * 4) * 4 +
-         size_t(sh.nbuf) * sh.tr * mvs_pitch<T>(sh.sb);
+  return size_t(nr) * (size_t(K) + size_t(K / 32) * 4) + size_t((nr * nb + 3) / 4 * 4) * 4 +
+         size_t((nr * sh.tr * nbp + 3) / 4 * 4) * 4 + size_t(sh.nbuf) * sh.tr * mvs_pitch<T>(sh.sb);
 }
 
-// The f32 block term of one Q4_K / Q5_K super-block (wb: its bytes in shared memory, 16-byte
-// aligned; x: its 256 activations; xs8: their 8 sub-block sums; dx: their scale).
-template <GgmlType T>
-__device__ __forceinline__ float mvs_block(const uint8_t *wb, const int8_t *x, const int *xs8, float dx) {
+// The f32 block terms of one Q4_K / Q5_K super-block for NR activation rows (wb: its bytes in
+// shared memory, 16-byte aligned; x: row 0's 256 activations, row q's xstride bytes further;
+// xs8: row 0's 8 sub-block sums, row q's sstride ints further; dx: row q's scale at
+// dx[q * dstride]). The weights are unpacked once for all rows.
+template <GgmlType T, int NR>
+__device__ __forceinline__ void mvs_block(const uint8_t *wb, const int8_t *x, int xstride, const int *xs8,
+                                          int sstride, const float *dx, int dstride, float out[NR]) {
   const uint4 h = *reinterpret_cast<const uint4 *>(wb);
   const float dw = dev::fp16_to_fp32(h.x & 0xFFFFu), dmin = dev::fp16_to_fp32(h.x >> 16);
   // dev::scale_min_k4 for all 8 sub-blocks at once, 4 bytes per word.
@@ -1561,36 +1564,49 @@ __device__ __forceinline__ float mvs_block(const uint8_t *wb, const int8_t *x, c
     qh[0] = h0.x, qh[1] = h0.y, qh[2] = h0.z, qh[3] = h0.w, qh[4] = h1.x, qh[5] = h1.y, qh[6] = h1.z, qh[7] = h1.w;
   }
   constexpr int kQs = T == GgmlType::Q4_K ? 16 : 48;
-  int isum = 0;
+  int isum[NR];
+#pragma unroll
+  for (int q = 0; q < NR; ++q) isum[q] = 0;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const uint4 qa = *reinterpret_cast<const uint4 *>(wb + kQs + 32 * k);
     const uint4 qb = *reinterpret_cast<const uint4 *>(wb + kQs + 32 * k + 16);
     const uint32_t w[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
-    const int4 *xv = reinterpret_cast<const int4 *>(x + 64 * k);
-    const int4 x0 = xv[0], x1 = xv[1], x2 = xv[2], x3 = xv[3];
-    const int xl[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    const int xh[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
-    int dl = 0, dh = 0;
+    uint32_t lo[8], hi[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      uint32_t lo = w[i] & 0x0F0F0F0Fu, hi = (w[i] >> 4) & 0x0F0F0F0Fu;
+      lo[i] = w[i] & 0x0F0F0F0Fu, hi[i] = (w[i] >> 4) & 0x0F0F0F0Fu;
       if constexpr (T == GgmlType::Q5_K) {
-        lo |= ((qh[i] >> (2 * k)) & 0x01010101u) << 4;
-        hi |= ((qh[i] >> (2 * k + 1)) & 0x01010101u) << 4;
+        lo[i] |= ((qh[i] >> (2 * k)) & 0x01010101u) << 4;
+        hi[i] |= ((qh[i] >> (2 * k + 1)) & 0x01010101u) << 4;
       }
-      dl = __dp4a(int(lo), xl[i], dl);
-      dh = __dp4a(int(hi), xh[i], dh);
     }
     const uint32_t scw = k < 2 ? sc_lo : sc_hi;
     const int s0 = int((scw >> (16 * (k % 2))) & 0xFFu), s1 = int((scw >> (16 * (k % 2) + 8)) & 0xFFu);
-    isum += s0 * dl + s1 * dh;
+#pragma unroll
+    for (int q = 0; q < NR; ++q) {
+      const int4 *xv = reinterpret_cast<const int4 *>(x + q * xstride + 64 * k);
+      const int4 x0 = xv[0], x1 = xv[1], x2 = xv[2], x3 = xv[3];
+      const int xl[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      const int xh[8] = {x2.x, x2.y, x2.z, x2.w, x3.x, x3.y, x3.z, x3.w};
+      int dl = 0, dh = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        dl = __dp4a(int(lo[i]), xl[i], dl);
+        dh = __dp4a(int(hi[i]), xh[i], dh);
+      }
+      isum[q] += s0 * dl + s1 * dh;
+    }
   }
-  const int4 sa = *reinterpret_cast<const int4 *>(xs8), sb = *reinterpret_cast<const int4 *>(xs8 + 4);
-  const int msum = int(mn_lo & 0xFFu) * sa.x + int((mn_lo >> 8) & 0xFFu) * sa.y + int((mn_lo >> 16) & 0xFFu) * sa.z +
-                   int(mn_lo >> 24) * sa.w + int(mn_hi & 0xFFu) * sb.x + int((mn_hi >> 8) & 0xFFu) * sb.y +
-                   int((mn_hi >> 16) & 0xFFu) * sb.z + int(mn_hi >> 24) * sb.w;
-  return block_term<T>(dw, dmin, dx, isum, msum);
+#pragma unroll
+  for (int q = 0; q < NR; ++q) {
+    const int *s8 = xs8 + q * sstride;
+    const int4 sa = *reinterpret_cast<const int4 *>(s8), sb = *reinterpret_cast<const int4 *>(s8 + 4);
+    const int msum = int(mn_lo & 0xFFu) * sa.x + int((mn_lo >> 8) & 0xFFu) * sa.y +
+                     int((mn_lo >> 16) & 0xFFu) * sa.z + int(mn_lo >> 24) * sa.w + int(mn_hi & 0xFFu) * sb.x +
+                     int((mn_hi >> 8) & 0xFFu) * sb.y + int((mn_hi >> 16) & 0xFFu) * sb.z + int(mn_hi >> 24) * sb.w;
+    out[q] = block_term<T>(dw, dmin, dx[q * dstride], isum[q], msum);
+  }
 }
 
 // N words of a Q6_K block from p (2-byte aligned, in shared memory): aligned loads, then
@@ -1606,41 +1622,57 @@ __device__ __forceinline__ void lds_words(const uint8_t *p, uint32_t out[N]) {
   for (int k = 0; k < N; ++k) out[k] = __funnelshift_r(w[k], w[k + 1], sh);
 }
 
-// The f32 block term of one Q6_K super-block at wb (2-byte aligned, in shared memory), half
-// by half: ql[64 h, 64 h + 64), qh[32 h, 32 h + 32), scales[8 h, 8 h + 8); element
-// 128 h + 32 s + l takes ql's low (s = 0, 1) or high (s = 2, 3) nibble of byte 64 h + l +
-// 32 (s % 2) and bits 2 s, 2 s + 1 of qh byte 32 h + l, minus 32 (unpack_piece's quants).
-__device__ __forceinline__ float mvs_block_q6k(const uint8_t *wb, const int8_t *x, float dx) {
-  int isum = 0;
+// The f32 block terms of one Q6_K super-block at wb (2-byte aligned, in shared memory) for NR
+// activation rows (as mvs_block), half by half: ql[64 h, 64 h + 64), qh[32 h, 32 h + 32),
+// scales[8 h, 8 h + 8); element 128 h + 32 s + l takes ql's low (s = 0, 1) or high (s = 2, 3)
+// nibble of byte 64 h + l + 32 (s % 2) and bits 2 s, 2 s + 1 of qh byte 32 h + l, minus 32
+// (unpack_piece's quants).
+template <int NR>
+__device__ __forceinline__ void mvs_block_q6k(const uint8_t *wb, const int8_t *x, int xstride, const float *dx,
+                                              int dstride, float out[NR]) {
+  int isum[NR];
+#pragma unroll
+  for (int r = 0; r < NR; ++r) isum[r] = 0;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     uint32_t ql[16], qh[8], sc[2];
     lds_words<16>(wb + 64 * h, ql);
     lds_words<8>(wb + 128 + 32 * h, qh);
     lds_words<2>(wb + 192 + 8 * h, sc);
-    int d[8];
+    int d[NR][8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) d[j] = 0;
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) d[r][j] = 0;
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      const int4 *xv = reinterpret_cast<const int4 *>(x + 128 * h + 32 * s);
-      const int4 x0 = xv[0], x1 = xv[1];
-      const int xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      int q[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const uint32_t l = ql[8 * (s % 2) + i];
         const uint32_t lo = s < 2 ? (l & 0x0F0F0F0Fu) : ((l >> 4) & 0x0F0F0F0Fu);
         const uint32_t hh = s == 0 ? (qh[i] << 4) : s == 1 ? (qh[i] << 2) : s == 2 ? qh[i] : (qh[i] >> 2);
-        const int q = int(__vsub4(lo | (hh & 0x30303030u), 0x20202020u));
-        d[2 * s + i / 4] = __dp4a(q, xw[i], d[2 * s + i / 4]);
+        q[i] = int(__vsub4(lo | (hh & 0x30303030u), 0x20202020u));
+      }
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        const int4 *xv = reinterpret_cast<const int4 *>(x + r * xstride + 128 * h + 32 * s);
+        const int4 x0 = xv[0], x1 = xv[1];
+        const int xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) d[r][2 * s + i / 4] = __dp4a(q[i], xw[i], d[r][2 * s + i / 4]);
       }
     }
 #pragma unroll
-    for (int j = 0; j < 8; ++j) isum += int(int8_t(uint8_t(sc[j / 4] >> (8 * (j % 4))))) * d[j];
+    for (int r = 0; r < NR; ++r)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) isum[r] += int(int8_t(uint8_t(sc[j / 4] >> (8 * (j % 4))))) * d[r][j];
   }
   uint32_t dwv[1];
   lds_words<1>(wb + 208, dwv);
-  return block_term<GgmlType::Q6_K>(dev::fp16_to_fp32(dwv[0] & 0xFFFFu), 0.0f, dx, isum, 0);
+  const float dw = dev::fp16_to_fp32(dwv[0] & 0xFFFFu);
+#pragma unroll
+  for (int r = 0; r < NR; ++r) out[r] = block_term<GgmlType::Q6_K>(dw, 0.0f, dx[r * dstride], isum[r], 0);
 }
 
 __device__ __forceinline__ void cp_async_wait_upto(int pending) {
@@ -1655,7 +1687,7 @@ __device__ __forceinline__ void cp_async_wait_upto(int pending) {
 
 // set.first[m]: tiles of TR outputs before matrix m. Every row pointer is 16-byte aligned
 // (the launcher checks), as are xq and the row pieces (Q4_K / Q5_K blocks are 144 / 176 bytes).
-template <GgmlType T>
+template <GgmlType T, int NR>
 __global__ void __launch_bounds__(kMvsThreads)
     mvs_kernel(MvSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd, MvsShape sh) {
   using L = KQ<T>;
@@ -1671,11 +1703,13 @@ __global__ void __launch_bounds__(kMvsThreads)
   const uint8_t *w0 = set.w[m] + size_t(r0) * rb;
   const uint8_t *w_end = set.w[m] + size_t(set.n_out[m]) * rb;
 
+  // Row q's activations at xs + q K, sums at xsum + q K / 32, scales at xdl + q nb, terms of
+  // output o at terms + (q tr + o) nbp.
   int8_t *xs = reinterpret_cast<int8_t *>(mvs_sm);
-  int *xsum = reinterpret_cast<int *>(mvs_sm + K);
-  float *xdl = reinterpret_cast<float *>(xsum + K / 32);
-  float *terms = xdl + (nb + 3) / 4 * 4;
-  uint8_t *buf = reinterpret_cast<uint8_t *>(terms + (tr * nbp + 3) / 4 * 4);
+  int *xsum = reinterpret_cast<int *>(mvs_sm + NR * K);
+  float *xdl = reinterpret_cast<float *>(xsum + NR * (K / 32));
+  float *terms = xdl + (NR * nb + 3) / 4 * 4;
+  uint8_t *buf = reinterpret_cast<uint8_t *>(terms + (NR * tr * nbp + 3) / 4 * 4);
   const int pitch = mvs_pitch<T>(sb), ns = (nb + sb - 1) / sb;
 
   auto stage = [&](int s) {
@@ -1702,10 +1736,11 @@ __global__ void __launch_bounds__(kMvsThreads)
   const int first = ns < nbuf ? ns : nbuf;
   for (int s = 0; s < first; ++s) stage(s);  // weights never depend on the kernel before
   dev::pdl_start();
-  for (int i = tid; i < K / 16; i += kMvsThreads) {
+  // The NR rows are consecutive in xq and xd (row strides K and nb), as here.
+  for (int i = tid; i < NR * K / 16; i += kMvsThreads) {
     reinterpret_cast<int4 *>(xs)[i] = reinterpret_cast<const int4 *>(xq)[i];
   }
-  for (int j = tid; j < (T == GgmlType::Q6_K ? 0 : K / 32); j += kMvsThreads) {  // Q6_K has no mins
+  for (int j = tid; j < (T == GgmlType::Q6_K ? 0 : NR * K / 32); j += kMvsThreads) {  // Q6_K has no mins
     const int4 a = reinterpret_cast<const int4 *>(xq)[2 * j], b = reinterpret_cast<const int4 *>(xq)[2 * j + 1];
     int v = 0;
     v = __dp4a(a.x, 0x01010101, v), v = __dp4a(a.y, 0x01010101, v), v = __dp4a(a.z, 0x01010101, v);
@@ -1713,7 +1748,7 @@ __global__ void __launch_bounds__(kMvsThreads)
     v = __dp4a(b.z, 0x01010101, v), v = __dp4a(b.w, 0x01010101, v);
     xsum[j] = v;
   }
-  for (int b = tid; b < nb; b += kMvsThreads) xdl[b] = xd[b];
+  for (int b = tid; b < NR * nb; b += kMvsThreads) xdl[b] = xd[b];
 
   const int groups = 32 / tr, row = lane % tr, worker = warp * groups + lane / tr, workers = 4 * groups;
   int issued = first;
@@ -1726,20 +1761,26 @@ __global__ void __launch_bounds__(kMvsThreads)
       const uint8_t *base = buf + size_t(s % nbuf) * tr * pitch + row * pitch + head;
       for (int bi = worker; bi < nbs; bi += workers) {
         const int b = b0 + bi;
+        float t[NR];
         if constexpr (T == GgmlType::Q6_K) {
-          terms[row * nbp + b] = mvs_block_q6k(base + bi * L::kBytes, xs + 256 * b, xdl[b]);
+          mvs_block_q6k<NR>(base + bi * L::kBytes, xs + 256 * b, int(K), xdl + b, nb, t);
         } else {
-          terms[row * nbp + b] = mvs_block<T>(base + bi * L::kBytes, xs + 256 * b, xsum + 8 * b, xdl[b]);
+          mvs_block<T, NR>(base + bi * L::kBytes, xs + 256 * b, int(K), xsum + 8 * b, int(K / 32), xdl + b, nb, t);
         }
+#pragma unroll
+        for (int q = 0; q < NR; ++q) terms[(q * tr + row) * nbp + b] = t[q];
       }
     }
     __syncthreads();  // every thread is done with buffer s % nbuf
     if (issued < ns) stage(issued++);
   }
-  if (tid < rows) {
-    float acc = 0.0f;
-    for (int b = 0; b < nb; ++b) acc = __fadd_rn(acc, terms[tid * nbp + b]);
-    set.y[m][r0 + tid] = acc;
+  for (int t = tid; t < NR * tr; t += kMvsThreads) {
+    const int q = t / tr, o = t % tr;
+    if (o < rows) {
+      float acc = 0.0f;
+      for (int b = 0; b < nb; ++b) acc = __fadd_rn(acc, terms[(q * tr + o) * nbp + b]);
+      set.y[m][size_t(q) * set.n_out[m] + r0 + o] = acc;
+    }
   }
 }
 
@@ -1801,13 +1842,24 @@ int64_t mvs_min_bytes() {
   return v;
 }
 
+// Activation rows the kernel takes (1 to 4; each lane unpacks a super-block once for all of
+// them): GEIST_CUDA_MVS_ROWS, default 1. More rows otherwise take the tensor-core kernel.
+int mvs_max_rows() {
+  static const int v = std::min(env_int("GEIST_CUDA_MVS_ROWS", 1), 4);
+  return v;
+}
+
 // false where it does not apply (the caller then takes another kernel).
 template <GgmlType T>
-bool launch_mvs(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd, CudaStream s) {
+bool launch_mvs(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd, int n_rows,
+                CudaStream s) {
   if constexpr (T != GgmlType::Q4_K && T != GgmlType::Q5_K && T != GgmlType::Q6_K) {
     return false;
   } else {
-    if (!mvs_enabled() || n_mat <= 0 || n_mat > kMaxSet || (reinterpret_cast<uintptr_t>(xq) & 15) != 0) return false;
+    if (!mvs_enabled() || n_rows < 1 || n_rows > mvs_max_rows() || n_mat <= 0 || n_mat > kMaxSet ||
+        (reinterpret_cast<uintptr_t>(xq) & 15) != 0) {
+      return false;
+    }
     if (T == GgmlType::Q6_K && !mvs_q6k()) return false;
     const int64_t K = ws[0].n_in;
     int64_t outputs = 0, bytes = 0;
@@ -1824,23 +1876,33 @@ bool launch_mvs(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *
     // Above 48 KiB the kernel is allowed the device's whole opt-in limit, once: the shapes
     // differ from call to call, and an attribute set to the first call's size would fail
     // the later, larger launches.
-    const size_t smem = mvs_smem<T>(K, sh);
-    static std::atomic<uint64_t> done{0};
-    if (smem > size_t(48 * 1024) &&
-        (smem > device_optin_smem() || !allow_dynamic_smem(mvs_kernel<T>, device_optin_smem(), done))) {
-      return false;
+    const size_t smem = mvs_smem<T>(K, sh, n_rows);
+    bool ok = false;
+    auto go = [&](auto kernel, std::atomic<uint64_t> &done) {
+      if (smem > size_t(48 * 1024) &&
+          (smem > device_optin_smem() || !allow_dynamic_smem(kernel, device_optin_smem(), done))) {
+        return;
+      }
+      MvSet set{};
+      set.n = n_mat;
+      for (int m = 0; m < n_mat; ++m) {
+        set.w[m] = ws[m].data;
+        set.row_bytes[m] = ws[m].row_bytes;
+        set.y[m] = ys[m];
+        set.n_out[m] = ws[m].n_out;
+        set.first[m + 1] = set.first[m] + (ws[m].n_out + sh.tr - 1) / sh.tr;
+      }
+      launch_smem(kernel, dim3(unsigned(set.first[n_mat])), dim3(kMvsThreads), smem, s, set, K, xq, xd, sh);
+      ok = true;
+    };
+    static std::atomic<uint64_t> done[4];
+    switch (n_rows) {
+      case 1: go(mvs_kernel<T, 1>, done[0]); break;
+      case 2: go(mvs_kernel<T, 2>, done[1]); break;
+      case 3: go(mvs_kernel<T, 3>, done[2]); break;
+      default: go(mvs_kernel<T, 4>, done[3]); break;
     }
-    MvSet set{};
-    set.n = n_mat;
-    for (int m = 0; m < n_mat; ++m) {
-      set.w[m] = ws[m].data;
-      set.row_bytes[m] = ws[m].row_bytes;
-      set.y[m] = ys[m];
-      set.n_out[m] = ws[m].n_out;
-      set.first[m + 1] = set.first[m] + (ws[m].n_out + sh.tr - 1) / sh.tr;
-    }
-    launch_smem(mvs_kernel<T>, dim3(unsigned(set.first[n_mat])), dim3(kMvsThreads), smem, s, set, K, xq, xd, sh);
-    return true;
+    return ok;
   }
 }
 
@@ -2060,8 +2122,8 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
   if (n_mat <= 0) return;
   dispatch_kquant(ws[0].type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
-    // One row of Q4_K / Q5_K (decode): the shared-memory staged kernel.
-    if (n_rows == 1 && launch_mvs<T>(ws, ys, n_mat, xq, xd, s)) return;
+    // One row of Q4_K / Q5_K / Q6_K (decode; up to mvs_max_rows rows): the shared-memory staged kernel.
+    if (launch_mvs<T>(ws, ys, n_mat, xq, xd, n_rows, s)) return;
     const int64_t K = ws[0].n_in;
     const bool mma = kquant_mma_min_rows() < (1 << 30);
     // The few-rows kernel also takes up to twice its row count for a matrix whose 64 x 64
