@@ -870,7 +870,7 @@ size_t partial_bytes_per_row(int n_head, int head_dim) {
 }  // namespace
 
 bool attention_mq_in_steps() {
-  static const bool v = env_int("GEIST_CUDA_ATTN_MQ_STEPS", 0) != 0;
+  static const bool v = env_int("GEIST_CUDA_ATTN_MQ_STEPS", 1) != 0;
   return v;
 }
 

@@ -562,8 +562,8 @@ __global__ void __launch_bounds__(256, 2)
 // 64 elements of K. W stays in its own format in shared memory and is widened as it is read.
 // A group's 8 outputs are 4 apart (n0 + gn + 4j), so the two half-warps of a warp read
 // adjacent W rows, 64 bytes apart in banks. Every sum is the kernel above's, element for
-// element and in the same order: the same bits. GEIST_CUDA_F32_TILE_ASYNC=1 turns it on (off
-// until it has run on a GPU).
+// element and in the same order: the same bits. H200, 512 rows: BF16 2560 x 256 81 -> 55 us,
+// 256 x 2560 78 -> 59, 2560 x 10752 2.72 -> 1.62 ms. GEIST_CUDA_F32_TILE_ASYNC=0 turns it off.
 constexpr int kFaXStride = kFtK + 4;  // floats per staged x row (16-byte aligned)
 
 template <GgmlType T>
@@ -685,7 +685,7 @@ __global__ void __launch_bounds__(256, 2)
 
 // Whether the pipelined tile kernel takes w (a float type) and x.
 bool f32_tile_async(const DevMatrix &w, const float *x) {
-  static const bool on = env_int("GEIST_CUDA_F32_TILE_ASYNC", 0) != 0;
+  static const bool on = env_int("GEIST_CUDA_F32_TILE_ASYNC", 1) != 0;
   return on && w.n_in % 8 == 0 && w.row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(x) % 16 == 0;
 }

@@ -1488,6 +1488,14 @@ int wtile_nt() {
   return v;
 }
 
+// Up to this many rows the 8-tile default takes blocks of 4 tiles (32 rows) instead: twice
+// the blocks for the few-row calls whose 64-row tiles leave SMs idle (GEIST_CUDA_WTILE4_ROWS;
+// 0: never).
+int wtile4_max_rows() {
+  static const int v = env_int("GEIST_CUDA_WTILE4_ROWS", 0);
+  return v;
+}
+
 template <GgmlType T>
 void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s) {
   auto go = [&](auto kernel, int nt) {
@@ -1495,7 +1503,7 @@ void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float 
     const dim3 grid(unsigned((wm.n_out + 16 * kWtWarps - 1) / (16 * kWtWarps)), unsigned((n_rows + 8 * nt - 1) / (8 * nt)));
     launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, wm.data, wm.row_bytes, wm.n_in, wm.n_out, xq, xd, y, n_rows);
   };
-  if (wtile_nt() == 4) {
+  if (wtile_nt() == 4 || n_rows <= wtile4_max_rows()) {
     go(matmul_wtile_kernel<T, 4>, 4);
   } else {
     go(matmul_wtile_kernel<T, 8>, 8);
