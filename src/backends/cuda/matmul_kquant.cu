@@ -1495,6 +1495,12 @@ int wtile4_max_rows() {
   static const int v = env_int("GEIST_CUDA_WTILE4_ROWS", 0);
   return v;
 }
+// So do calls whose 8-tile grid has fewer blocks than this (GEIST_CUDA_WTILE4_BLOCKS; default
+// 0: never): E4B's k and v projections (512 outputs) give 64 blocks of 64 x 64 at 512 rows.
+int64_t wtile4_min_blocks() {
+  static const int v = env_int("GEIST_CUDA_WTILE4_BLOCKS", 0);
+  return v;
+}
 
 template <GgmlType T>
 void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s) {
@@ -1503,7 +1509,8 @@ void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float 
     const dim3 grid(unsigned((wm.n_out + 16 * kWtWarps - 1) / (16 * kWtWarps)), unsigned((n_rows + 8 * nt - 1) / (8 * nt)));
     launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, wm.data, wm.row_bytes, wm.n_in, wm.n_out, xq, xd, y, n_rows);
   };
-  if (wtile_nt() == 4 || n_rows <= wtile4_max_rows()) {
+  const int64_t blocks8 = (wm.n_out + 16 * kWtWarps - 1) / (16 * kWtWarps) * ((n_rows + 63) / 64);
+  if (wtile_nt() == 4 || n_rows <= wtile4_max_rows() || blocks8 < wtile4_min_blocks()) {
     go(matmul_wtile_kernel<T, 4>, 4);
   } else {
     go(matmul_wtile_kernel<T, 8>, 8);
