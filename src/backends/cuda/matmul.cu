@@ -487,6 +487,32 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 constexpr int kFtM = 32, kFtN = 32, kFtK = 64;
 constexpr int kFtStride = kFtK + 2;  // the two halves of a warp read W rows 8 apart: 8 * 66 = 16 (mod 32) banks
 
+// The end of a tile: each pair's 16 chains meet by dot_f32's tree (shuffles down by 8, 4, 2,
+// 1 within the 16 lanes) and lane 0 stores the pairs of its 8 rows (r0 + i) and 8 outputs
+// (n0 + j * n_step).
+__device__ __forceinline__ void f32_tile_store(float (&acc)[8][8], int l, int64_t r0, int n_rows, int64_t n0,
+                                               int n_step, int64_t n_out, float *__restrict__ y) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int o = 8; o >= 1; o /= 2) acc[i][j] = __fadd_rn(acc[i][j], __shfl_down_sync(kFull, acc[i][j], o, 16));
+    }
+  }
+  if (l == 0) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t r = r0 + i;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int64_t n = n0 + int64_t(j) * n_step;
+        if (r < n_rows && n < n_out) y[size_t(r) * n_out + n] = acc[i][j];
+      }
+    }
+  }
+}
+
 template <GgmlType T>
 __global__ void __launch_bounds__(256, 2)
     matmul_f32_tile_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
@@ -534,25 +560,7 @@ __global__ void __launch_bounds__(256, 2)
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int o = 8; o >= 1; o /= 2) acc[i][j] = __fadd_rn(acc[i][j], __shfl_down_sync(kFull, acc[i][j], o, 16));
-    }
-  }
-  if (l == 0) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int64_t r = r0 + gm * 8 + i;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int64_t n = n0 + gn * 8 + j;
-        if (r < n_rows && n < n_out) y[size_t(r) * n_out + n] = acc[i][j];
-      }
-    }
-  }
+  f32_tile_store(acc, l, r0 + gm * 8, n_rows, n0 + gn * 8, 1, n_out, y);
 }
 
 // The same tile, pipelined, for float weights (F32, F16, BF16) with K a multiple of 8 and
@@ -662,25 +670,7 @@ __global__ void __launch_bounds__(256, 2)
     }
   }
   dev::cp_async_wait_all();
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int o = 8; o >= 1; o /= 2) acc[i][j] = __fadd_rn(acc[i][j], __shfl_down_sync(kFull, acc[i][j], o, 16));
-    }
-  }
-  if (l == 0) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int64_t r = r0 + gm * 8 + i;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int64_t n = n0 + gn + 4 * j;
-        if (r < n_rows && n < n_out) y[size_t(r) * n_out + n] = acc[i][j];
-      }
-    }
-  }
+  f32_tile_store(acc, l, r0 + gm * 8, n_rows, n0 + gn, 4, n_out, y);
 }
 
 // Whether the pipelined tile kernel takes w (a float type) and x.
