@@ -874,6 +874,17 @@ bool attention_mq_in_steps() {
   return v;
 }
 
+// The fewest rows of a one-sequence step that go to the many-queries kernel
+// (GEIST_CUDA_ATTN_MQ_STEPS_ROWS, default 65). H200, E4B: a 512-row chunk gained (attention
+// 477 -> 292 us per layer), but `bench pinned`'s 64-row chunks from positions 0-240 lost
+// (the 240-token prefill 70.9 -> 74.8 ms): there the one-query kernel's grid (8 splits x
+// heads x rows) fills the card and the many-queries kernel's (8 splits x KV heads x row
+// groups) does not. Rows in between were not measured.
+static int attention_mq_steps_min_rows() {
+  static const int v = env_int("GEIST_CUDA_ATTN_MQ_STEPS_ROWS", 65);
+  return v;
+}
+
 size_t attention_scratch_bytes(int n_head, int head_dim, int n_rows) {
   return size_t(rows_per_launch(n_rows)) * partial_bytes_per_row(n_head, head_dim);
 }
@@ -1029,7 +1040,7 @@ Status attention_seqs(const AttnArgs &a, const SeqRings &sq, CudaStream s) {
   }
   if (!a.q || !a.out) return bad_arg("cuda::attention: null pointer");
   AttnParams p = params_of(a);
-  if (sq.n == 1 && attention_mq_in_steps()) {
+  if (sq.n == 1 && attention_mq_in_steps() && a.n_rows >= attention_mq_steps_min_rows()) {
     // One sequence (a prefill chunk, one session's decode): its rings as the plain call's, so
     // that the many-queries kernel, which takes no sequence table, runs a prefill (every model
     // step passes its table, so no prefill has ever reached that kernel). Every kernel reads

@@ -290,9 +290,10 @@ struct AttnArgs {
 // the queries one launch takes (64; the many-queries kernel up to GEIST_CUDA_ATTN_ROWS, default
 // 256, when n_rows has them). Any n_rows works with less: the queries then go 64 at a time.
 size_t attention_scratch_bytes(int n_head, int head_dim, int n_rows = 1);
-// Whether attention_seqs gives a one-sequence call (a model's prefill chunk) to the kernels
-// as a plain call, which lets a prefill reach the many-queries kernel (CUDA.md, "The
-// many-queries attention and the model"; E4B pp512 on an H200 +15-19 %).
+// Whether attention_seqs gives a one-sequence call of at least 65 rows (a model's prefill
+// chunk; GEIST_CUDA_ATTN_MQ_STEPS_ROWS) to the kernels as a plain call, which lets a prefill
+// reach the many-queries kernel (CUDA.md, "The many-queries attention and the model"; E4B
+// pp512 on an H200 +15-19 %).
 // GEIST_CUDA_ATTN_MQ_STEPS=0: every step passes its sequence table (the one-query kernel).
 bool attention_mq_in_steps();
 // Bytes of AttnArgs::merge_counters for n_head query heads.
