@@ -549,9 +549,8 @@ class CudaExec final : public Exec {
     // The split kernel's scratch: sized by the largest (heads, head dim) seen (and, where a
     // prefill reaches the many-queries kernel, by the session's chunk: the queries one launch
     // may take), which the warm-up step at session creation reaches. A smaller one already
-    // recorded into this
-    // step stays allocated until the step ends. Groups run one after another on the stream,
-    // so they share it.
+    // recorded into this step stays allocated until the step ends. Groups run one after
+    // another on the stream, so they share it.
     const size_t need = cuda::attention_scratch_bytes(n_head, head_dim, cuda::attention_mq_in_steps() ? max_rows_ : 1);
     if (attn_scratch_bytes_ < need) {
       void *p = nullptr;

@@ -583,6 +583,7 @@ struct FaGeom {
   static constexpr int kStages = kEsz == 4 ? 2 : 3;  // under the 48 KB of static shared memory
 };
 
+// One staged W element (p aligned to its size; dequant_elem reads bytes, for any alignment).
 template <GgmlType T>
 __device__ __forceinline__ float staged_elem(const uint8_t *p) {
   if constexpr (T == GgmlType::F32) {
