@@ -1496,9 +1496,18 @@ int wtile4_max_rows() {
   return v;
 }
 // So do calls whose 8-tile grid has fewer blocks than this (GEIST_CUDA_WTILE4_BLOCKS; default
-// 0: never): E4B's k and v projections (512 outputs) give 64 blocks of 64 x 64 at 512 rows.
+// twice the SMs, two blocks per SM being what the 8-tile kernel's registers allow; 0: never):
+// E4B's k and v projections (512 outputs) give 64 blocks of 64 x 64 at 512 rows, and 33-192
+// rows give 40-240 blocks on the 2560-output matrices. H200 (264), `bench rows` E4B, ms per
+// call, off -> on: 33 rows 15.45 -> 13.21, 64 15.89 -> 14.68, 65 19.24 -> 17.37, 96 18.97 ->
+// 16.89, 129 25.12 -> 23.36, 192 23.61 -> 21.92, 256-512 unchanged (+-1 %); pp512 9765 /
+// 9775 -> 9799 / 9816 t/s. 32-row blocks everywhere (GEIST_CUDA_WTILE4_ROWS=100000) lost
+// from 384 rows (512: 52.2 -> 57.0 ms).
 int64_t wtile4_min_blocks() {
-  static const int v = env_int("GEIST_CUDA_WTILE4_BLOCKS", 0);
+  static const int64_t v = [] {
+    const int n = env_int("GEIST_CUDA_WTILE4_BLOCKS", -1);
+    return n >= 0 ? int64_t(n) : int64_t(2) * device_sm_count();
+  }();
   return v;
 }
 
