@@ -398,7 +398,7 @@ CUDA_TEST(CudaOps, MatmulNMixedTypesBitExact) {
   std::mt19937 rng(9876);
   ActModeScope scope(cpu::ActivationMode::Q8);
   const int64_t k = 768;
-  const int kMaxRows = 64;
+  const int kMaxRows = 130;
   using G = GgmlType;
   const std::vector<std::vector<std::pair<G, int64_t>>> lists = {
       {{G::Q5_0, 1024}, {G::Q5_0, 256}, {G::Q8_0, 256}},
@@ -407,6 +407,8 @@ CUDA_TEST(CudaOps, MatmulNMixedTypesBitExact) {
       {{G::Q8_0, 300}, {G::Q4_K, 70}, {G::Q5_0, 40}},
       {{G::Q4_K, 130}, {G::Q6_K, 64}, {G::Q4_K, 17}},
       {{G::Q4_K, 200}, {G::Q4_K, 64}, {G::Q6_K, 64}},  // q, k, v of Q4_K_M (GEIST_CUDA_MIXED_SET)
+      {{G::Q6_K, 70}, {G::Q4_K, 130}, {G::Q6_K, 64}, {G::Q4_K, 8}},  // a tile-kernel set of 4, types alternating
+      {{G::Q5_K, 96}, {G::Q5_K, 33}},
   };
   const std::vector<float> x = random_acts(kMaxRows, k, rng);
   DevBuf dx(x);
@@ -432,7 +434,7 @@ CUDA_TEST(CudaOps, MatmulNMixedTypesBitExact) {
       scratch_bytes = std::max(scratch_bytes, cu::matmul_scratch_bytes(ms.back(), kMaxRows));
     }
     DevBuf scratch(scratch_bytes);
-    for (int n : {1, 2, 3, 4, 5, 8, 9, 64}) {
+    for (int n : {1, 2, 3, 4, 5, 8, 9, 64, 65, 130}) {
       for (int m = 0; m < n_mat; ++m) {
         CU_OK(cu::memset_async(ys[m], 0xFF, want[m].size() * 4, cuda_env().s));
       }
@@ -1714,8 +1716,9 @@ CUDA_TEST(CudaOps, DISABLED_PerfAttention) {
   cu::CudaStream s = cuda_env().s;
   for (KvType t : {KvType::F32, KvType::F16, KvType::Q8_0}) {
     for (int64_t cached : {0, 600, 4096}) {
-      for (int rows : {1, 64, 512}) {
-        AttnCase c{rows, 8, 2, 256, 0, cached, cached + 512, t, t};
+      for (const auto &[rows, hd] :
+           std::vector<std::pair<int, int>>{{1, 256}, {64, 256}, {512, 256}, {1, 512}, {64, 512}, {512, 512}}) {
+        AttnCase c{rows, 8, 2, hd, 0, cached, cached + 512, t, t};
         std::mt19937 r2(4);
         const int64_t row = int64_t(c.n_head_kv) * c.head_dim;
         DevBuf dk(c.capacity * kv_row_bytes(t, row)), dv(c.capacity * kv_row_bytes(t, row));
@@ -1746,9 +1749,9 @@ CUDA_TEST(CudaOps, DISABLED_PerfAttention) {
           g.single_query = split == 2;
           ms[split] = time_ms([&] { (void)cu::attention(g, s); }, split ? 20 : 3);
         }
-        std::printf("PERF attention %-4s rows %3d at %4lld cached, 8/2 heads, hd 256: split %8.3f ms (one query per "
+        std::printf("PERF attention %-4s rows %3d at %4lld cached, 8/2 heads, hd %d: split %8.3f ms (one query per "
                     "block %8.3f ms), reference %8.3f ms\n",
-                    kv_type_name(t), rows, (long long)cached, ms[1], ms[2], ms[0]);
+                    kv_type_name(t), rows, (long long)cached, hd, ms[1], ms[2], ms[0]);
       }
     }
   }

@@ -717,6 +717,310 @@ __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0,
   }
 }
 
+// ---- many queries per block, register-blocked (prefill) ---------------------------------------
+// attention_mq_kernel's block (split, KV head, tile of 16 query heads) and arithmetic, with the
+// work laid out so that a value read from shared memory serves several query heads:
+// - scores: half-warp hw holds the queries of QG query heads in registers (dims l + 16 i) and
+//   makes the 16 chains of QG x KU scores at once, each key's row read once for its QG heads
+//   (the two half-warps of a warp take the same keys, so the read is a broadcast); the tree
+//   by shuffles down 8, 4, 2, 1 and the scale as before;
+// - softmax: unchanged (a warp per query head);
+// - o += e_j v_j: thread (column col of 4 dims, head group og) holds QO heads x 4 dims, one
+//   16-byte read of a V row per key for its QO heads.
+// K and V come in tiles of kKs keys through two shared-memory buffers in turn: the next tile
+// (the chunk's next K tile, its first V tile, the next chunk's first K tile) is copied with
+// cp.async while the current one is used (f32 rings; the other types are converted by the
+// threads, without the overlap). Every score, exponential, sum and output element is the same
+// operation on the same values in the same order as in attention_mq_kernel, so the partials
+// are bit for bit the same (CudaOps.AttentionMultiQuerySameBits compares them with the
+// single-query kernel). Head dim 512 keeps attention_mq_kernel: at 32 registers of queries a
+// half-warp holds one head, and 16-key tiles (two buffers in 64 KiB) measured slower there.
+// H200 (CudaOps.DISABLED_PerfAttention, 512 rows, 8 / 2 heads, f32, ms): head dim 256 from
+// position 0 0.209 -> 0.184, after 4096 cached 2.174 -> 2.185; head dim 512 0.406 -> 0.370
+// and 4.120 -> 4.810 (the 16-key tiles). E4B pp512 9394 / 9654 -> 9862 / 9900 t/s, 270M
+// 48328 / 50597 -> 59174 / 59611 (every head dim through this kernel).
+
+template <int HD>
+constexpr int mqr_keys() {  // keys per tile: 32 KiB of floats, at most a chunk
+  return 8192 / HD < kChunk ? 8192 / HD : kChunk;
+}
+template <int HD>
+constexpr int mqr_qg() {  // query heads per half-warp in the score pass (at most 32 registers of queries)
+  return HD <= 128 ? 4 : 2;
+}
+template <int HD>
+constexpr size_t mqr_smem_bytes() {
+  return sizeof(float) * (size_t(2) * mqr_keys<HD>() * HD + size_t(kMqHeads) * kChunk + 3 * kMqHeads);
+}
+
+// Keys [t0, t0 + nt) of a ring's rows (elements [e0, e0 + HD)) into dst[nt][HD] as floats:
+// f32 by cp.async, the other types through registers; one cp.async group either way.
+template <KvType T, int HD>
+__device__ __forceinline__ void mqr_stage(const uint8_t *ring, size_t row_bytes, int64_t t0, int64_t capacity, int nt,
+                                          int64_t e0, float *dst) {
+  constexpr int kQ = HD / 4;
+  if constexpr (T == KvType::F32) {
+    for (int i = threadIdx.x; i < nt * kQ; i += kMqThreads) {
+      const int kk = i / kQ, d = 4 * (i % kQ);
+      const uint8_t *row = ring + size_t((t0 + kk) % capacity) * row_bytes;
+      dev::cp_async16(dst + kk * HD + d, row + 4 * (e0 + d));
+    }
+  } else {
+    mq_stage<T, HD>(ring, row_bytes, t0 % capacity, capacity, nt, e0, dst);
+  }
+  dev::cp_async_commit();  // a group for every tile (an empty one here), which the waits count
+}
+
+template <KvType KT, KvType VT, int HD>
+__global__ void __launch_bounds__(kMqThreads, 2) attention_mqr_kernel(AttnParams a0, int row0, int n_rows,
+                                                                        float *__restrict__ part) {
+  dev::pdl_start();
+  constexpr int kKs = mqr_keys<HD>(), kPer = HD / 16;
+  constexpr int QG = mqr_qg<HD>(), NQG = kMqHeads / QG, NKP = 16 / NQG, KU = 8 / QG;
+  constexpr int kCols = HD / 4, QO = HD / 64;  // the output pass: kCols x (16 / QO) threads
+  static_assert(HD <= 256, "head dim 512 keeps attention_mq_kernel");
+  static_assert(kCols * (kMqHeads / QO) == kMqThreads, "one thread per 4 dims x QO heads");
+  extern __shared__ __align__(16) float mqr_smem[];
+  float *buf = mqr_smem;                   // [2][kKs][HD]
+  float *sc = buf + 2 * kKs * HD;          // [kMqHeads][kChunk]: scores, then e_j
+  float *ms = sc + kMqHeads * kChunk;      // running max per query head
+  float *ls = ms + kMqHeads;               // running sum
+  float *al = ls + kMqHeads;               // this chunk's alpha
+  const AttnCore a = a0.c;
+  const int s = blockIdx.x, g = blockIdx.y, group = a.group, rows_per = kMqHeads / group;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, hw = tid / 16, l = tid % 16;
+  const int rt0 = int(blockIdx.z) * rows_per;
+  const int64_t e0 = int64_t(g) * HD;
+  const int64_t p_first = *a.pos0 + (row0 + rt0 - a.row_base);
+  auto qh_live = [&](int qh) { return rt0 + qh / group < n_rows; };
+  auto qh_pos = [&](int qh) { return p_first + qh / group; };
+  auto qh_j0 = [&](int qh) {
+    const int64_t p = qh_pos(qh);
+    return a.window > 0 ? (p - a.window + 1 > 0 ? p - a.window + 1 : int64_t(0)) : int64_t(0);
+  };
+  // Query head qh's keys in chunk c: c kChunk + [*ka, *ka + len), len 0 where it does not
+  // visit c.
+  auto qrange = [&](int qh, int64_t c, int *ka) {
+    const int64_t p = qh_pos(qh), j0 = qh_j0(qh);
+    const int64_t k0 = c * kChunk > j0 ? c * kChunk : j0;
+    const int64_t kb = c * kChunk + kChunk - 1 < p ? c * kChunk + kChunk - 1 : p;
+    *ka = int(k0 - c * kChunk);
+    return qh_live(qh) && c >= j0 / kChunk && c <= p / kChunk ? int(kb - k0 + 1) : 0;
+  };
+  if (tid < kMqHeads) {
+    ms[tid] = -INFINITY;
+    ls[tid] = 0.0f;
+  }
+  int last = kMqHeads - 1;
+  while (last > 0 && !qh_live(last)) --last;
+  const int64_t c_lo = qh_j0(0) / kChunk, c_hi = qh_pos(last) / kChunk;
+  // The block's keys in chunk c: [sa(c), sb(c)].
+  auto sa = [&](int64_t c) { return c * kChunk > qh_j0(0) ? c * kChunk : qh_j0(0); };
+  auto sb = [&](int64_t c) { return c * kChunk + kChunk - 1 < qh_pos(last) ? c * kChunk + kChunk - 1 : qh_pos(last); };
+
+  // The score pass's query heads: qg * QG + u, u < QG; its keys: kph * KU + NKP * KU * m + u.
+  const int qg = hw % NQG, kph = hw / NQG;
+  float qr[QG][kPer];
+#pragma unroll
+  for (int u = 0; u < QG; ++u) {
+    const int qh = qg * QG + u;
+    const float *qp = a.q + (size_t(row0 + rt0 + qh / group) * a.n_head + g * group + qh % group) * HD;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) qr[u][i] = qh_live(qh) ? qp[l + 16 * i] : 0.0f;
+  }
+  // The output pass's query heads og * QO + u and dims 4 col .. 4 col + 3.
+  const int col = tid % kCols, og = tid / kCols;
+  float o[QO][4];
+#pragma unroll
+  for (int u = 0; u < QO; ++u)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[u][e] = 0.0f;
+  int ska[QG], slen[QG], oka[QO], olen[QO];  // this chunk's keys per query head (qrange)
+
+  // Tiles in order: per chunk of this split, its K tiles then its V tiles.
+  struct Tile {
+    int64_t c, t0;
+    bool v;
+  };
+  auto advance = [&](Tile t) {
+    t.t0 += kKs;
+    if (t.t0 > sb(t.c)) {
+      if (!t.v) {
+        t.v = true;
+      } else {
+        t.v = false;
+        t.c += kSplits;
+      }
+      t.t0 = sa(t.c);
+    }
+    return t;
+  };
+  auto issue = [&](const Tile &t, float *dst) {
+    const int nt = sb(t.c) - t.t0 + 1 < kKs ? int(sb(t.c) - t.t0 + 1) : kKs;
+    if (t.v) {
+      mqr_stage<VT, HD>(a.v, a.v_row_bytes, t.t0, a.capacity, nt, e0, dst);
+    } else {
+      mqr_stage<KT, HD>(a.k, a.k_row_bytes, t.t0, a.capacity, nt, e0, dst);
+    }
+  };
+  const int64_t c_first = c_lo + ((s - c_lo % kSplits) % kSplits + kSplits) % kSplits;
+  Tile cur{c_first, sa(c_first), false};
+  Tile nxt = advance(cur);
+  if (cur.c <= c_hi) issue(cur, buf);
+  if (nxt.c <= c_hi) issue(nxt, buf + kKs * HD);
+  int bi = 0;
+  while (cur.c <= c_hi) {
+    if (nxt.c <= c_hi) {
+      dev::cp_async_wait<1>();
+    } else {
+      dev::cp_async_wait<0>();
+    }
+    __syncthreads();  // the tile is in (and, for a chunk's first tile, ms / ls / al settled)
+    const float *kv = buf + bi * kKs * HD;
+    const int64_t c = cur.c;
+    const int nt = sb(c) - cur.t0 + 1 < kKs ? int(sb(c) - cur.t0 + 1) : kKs;
+    const int tb = int(cur.t0 - c * kChunk);  // the tile's first key, from the chunk's start
+    if (!cur.v) {
+      if (cur.t0 == sa(c)) {
+#pragma unroll
+        for (int u = 0; u < QG; ++u) slen[u] = qrange(qg * QG + u, c, &ska[u]);
+      }
+      for (int kb = kph * KU; kb < nt; kb += NKP * KU) {  // the same trip count for the whole block
+        float acc[QG][KU];
+        const float *kr[KU];
+#pragma unroll
+        for (int v = 0; v < KU; ++v) {
+          acc[0][v] = 0.0f;
+          kr[v] = kv + (kb + v < nt ? kb + v : nt - 1) * HD + l;
+        }
+#pragma unroll
+        for (int u = 1; u < QG; ++u)
+#pragma unroll
+          for (int v = 0; v < KU; ++v) acc[u][v] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) {
+#pragma unroll
+          for (int v = 0; v < KU; ++v) {
+            const float kx = kr[v][16 * i];
+#pragma unroll
+            for (int u = 0; u < QG; ++u) acc[u][v] = __fadd_rn(acc[u][v], __fmul_rn(qr[u][i], kx));
+          }
+        }
+#pragma unroll
+        for (int off = 8; off >= 1; off /= 2)
+#pragma unroll
+          for (int u = 0; u < QG; ++u)
+#pragma unroll
+            for (int v = 0; v < KU; ++v) acc[u][v] = __fadd_rn(acc[u][v], __shfl_down_sync(kFull, acc[u][v], off, 16));
+        if (l == 0) {
+#pragma unroll
+          for (int u = 0; u < QG; ++u)
+#pragma unroll
+            for (int v = 0; v < KU; ++v) {
+              const int r = tb + kb + v - ska[u];
+              if (kb + v < nt && r >= 0 && r < slen[u]) sc[(qg * QG + u) * kChunk + r] = __fmul_rn(acc[u][v], a.scale);
+            }
+        }
+      }
+      if (cur.t0 + kKs > sb(c)) {
+        __syncthreads();  // every score of the chunk is in
+        // Softmax of the chunk, a warp per query head: attention_mq_kernel's steps.
+        for (int qh = warp; qh < kMqHeads; qh += kMqThreads / 32) {
+          int kaq;
+          const int lq = qrange(qh, c, &kaq);
+          if (lq == 0) continue;
+          float *scq = sc + qh * kChunk;
+          float mc = -INFINITY;
+          if (lane < lq) mc = fmaxf(mc, scq[lane]);
+          if (lane + 32 < lq) mc = fmaxf(mc, scq[lane + 32]);
+          for (int off = 16; off >= 1; off /= 2) mc = fmaxf(mc, __shfl_xor_sync(kFull, mc, off));
+          const float m = ms[qh];
+          const float mn = fmaxf(m, mc);
+          const float alpha = m == -INFINITY ? 0.0f : exp_f(__fsub_rn(m, mn));
+          float e_lo = 0.0f, e_hi = 0.0f;
+          if (lane < lq) e_lo = mn == -INFINITY ? 0.0f : exp_f(__fsub_rn(scq[lane], mn));
+          if (lane + 32 < lq) e_hi = mn == -INFINITY ? 0.0f : exp_f(__fsub_rn(scq[lane + 32], mn));
+          __syncwarp();
+          if (lane < lq) scq[lane] = e_lo;
+          if (lane + 32 < lq) scq[lane + 32] = e_hi;
+          float t_lo = e_lo, t_hi = e_hi;
+          for (int off = 16; off >= 1; off /= 2) {
+            t_lo = __fadd_rn(t_lo, __shfl_xor_sync(kFull, t_lo, off));
+            t_hi = __fadd_rn(t_hi, __shfl_xor_sync(kFull, t_hi, off));
+          }
+          if (lane == 0) {
+            float sum = t_lo;
+            sum = __fadd_rn(sum, t_hi);
+            sum = __fadd_rn(sum, 0.0f);  // the single-query kernel's warps 2 and 3 (no keys)
+            sum = __fadd_rn(sum, 0.0f);
+            ls[qh] = __fadd_rn(__fmul_rn(ls[qh], alpha), sum);
+            ms[qh] = mn;
+            al[qh] = alpha;
+          }
+        }
+      }
+    } else {
+      if (cur.t0 == sa(c)) {  // the chunk's first V tile: o = o alpha for the heads that visit it
+#pragma unroll
+        for (int u = 0; u < QO; ++u) {
+          olen[u] = qrange(og * QO + u, c, &oka[u]);
+          if (olen[u] > 0) {
+            const float alpha = al[og * QO + u];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) o[u][e] = __fmul_rn(o[u][e], alpha);
+          }
+        }
+      }
+      auto add = [&](int u, float w, const float4 &vv) {
+        o[u][0] = __fadd_rn(o[u][0], __fmul_rn(w, vv.x));
+        o[u][1] = __fadd_rn(o[u][1], __fmul_rn(w, vv.y));
+        o[u][2] = __fadd_rn(o[u][2], __fmul_rn(w, vv.z));
+        o[u][3] = __fadd_rn(o[u][3], __fmul_rn(w, vv.w));
+      };
+      bool all_in = true;  // every head of the thread takes every key of the tile
+#pragma unroll
+      for (int u = 0; u < QO; ++u) all_in = all_in && oka[u] <= tb && tb + nt <= oka[u] + olen[u];
+      if (all_in) {
+        for (int kk = 0; kk < nt; ++kk) {
+          const float4 vv = *reinterpret_cast<const float4 *>(kv + kk * HD + 4 * col);
+#pragma unroll
+          for (int u = 0; u < QO; ++u) add(u, sc[(og * QO + u) * kChunk + tb + kk - oka[u]], vv);
+        }
+      } else {
+        for (int kk = 0; kk < nt; ++kk) {
+          const float4 vv = *reinterpret_cast<const float4 *>(kv + kk * HD + 4 * col);
+#pragma unroll
+          for (int u = 0; u < QO; ++u) {
+            const int r = tb + kk - oka[u];
+            if (r >= 0 && r < olen[u]) add(u, sc[(og * QO + u) * kChunk + r], vv);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the buffer is free (and the chunk's scores, for a V tile, used)
+    const Tile n2 = advance(nxt);
+    if (n2.c <= c_hi) issue(n2, buf + bi * kKs * HD);
+    cur = nxt;
+    nxt = n2;
+    bi ^= 1;
+  }
+  __syncthreads();  // ms and ls (set above where no tile ran)
+  // Partials, as the single-query kernel writes them.
+#pragma unroll
+  for (int u = 0; u < QO; ++u) {
+    const int qh = og * QO + u;
+    if (!qh_live(qh)) continue;
+    const int rr = rt0 + qh / group, h = g * group + qh % group;
+    float *pp = part + ((size_t(rr) * a.n_head + h) * kSplits + s) * size_t(HD + 2);
+    if (col == 0) {
+      pp[0] = ms[qh];
+      pp[1] = ls[qh];
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pp[2 + 4 * col + e] = o[u][e];
+  }
+}
+
 bool kv_type_ok(KvType t) { return static_cast<uint8_t>(t) <= static_cast<uint8_t>(KvType::Q8_0); }
 
 Status check_ring(KvType t, const void *ring, int64_t capacity, int64_t row_elems, const char *op) {
@@ -917,6 +1221,17 @@ bool mq_allow_smem() {
   static std::atomic<uint64_t> done{0};
   return allow_dynamic_smem(attention_mq_kernel<KT, VT, HD>, mq_smem_bytes<HD>(), done);
 }
+template <KvType KT, KvType VT, int HD>
+bool mqr_allow_smem() {
+  static std::atomic<uint64_t> done{0};
+  return allow_dynamic_smem(attention_mqr_kernel<KT, VT, HD>, mqr_smem_bytes<HD>(), done);
+}
+// GEIST_CUDA_ATTN_MQR=0: the many-queries kernel without the register blocking and the
+// copy pipeline (attention_mq_kernel; a knob to compare, the same bits).
+bool mqr_on() {
+  static const bool v = env_int("GEIST_CUDA_ATTN_MQR", 1) != 0;
+  return v;
+}
 
 Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {
   if (a.scratch == nullptr || reference_kernels()) {
@@ -963,6 +1278,14 @@ Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {
           constexpr KvType KT = decltype(tag_k)::value, VT = decltype(tag_v)::value;
           dispatch_among<int, 64, 128, 256, 512>(a.head_dim, [&](auto tag_hd) {
             constexpr int HD = decltype(tag_hd)::value;
+            if constexpr (HD <= 256) {
+              if (mqr_on() && mqr_allow_smem<KT, VT, HD>()) {
+                launch_smem(attention_mqr_kernel<KT, VT, HD>, gq, kMqThreads, mqr_smem_bytes<HD>(), s, p, row0, nr,
+                            part);
+                launched = true;
+                return;
+              }
+            }
             if (!mq_allow_smem<KT, VT, HD>()) return;
             launch_smem(attention_mq_kernel<KT, VT, HD>, gq, kMqThreads, mq_smem_bytes<HD>(), s, p, row0, nr, part);
             launched = true;
