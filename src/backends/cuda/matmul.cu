@@ -1196,6 +1196,7 @@ bool shares_quantization(const DevMatrix *ws, float *const *ys, int n_mat, int n
 Status matmul_n_on(const DevMatrix *ws, float *const *ys, int n_mat, const QuantizedActs &qa, int n_rows,
                    CudaStream s) {
   if (matmul_kquant_mixed(ws, ys, n_mat, qa.q, qa.d, n_rows, s) ||
+      matmul_kquant_wtile_set(ws, ys, n_mat, qa.q, qa.d, n_rows, s) ||
       launch_q32_matvec_mixed(ws, ys, n_mat, qa, n_rows, s)) {
     return launch_status("cuda::matmul_n (mixed set)");
   }

@@ -1313,11 +1313,11 @@ using dev::cp_async4;
 using dev::cp_async_commit;
 using dev::cp_async_wait_all;
 
+// One block's 64 outputs (column block bx) x 8 NT rows (row tile blockIdx.y) of one matrix.
 template <GgmlType T, int NT>
-__global__ void __launch_bounds__(kWtWarps * 32, 2)
-    matmul_wtile_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
-                        const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y,
-                        int n_rows) {
+__device__ __forceinline__ void wtile_block(int64_t bx, const uint8_t *__restrict__ w, size_t row_bytes, int64_t K,
+                                            int64_t n_out, const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                            float *__restrict__ y, int n_rows) {
   using L = KQ<T>;
   constexpr int kNSub = 256 / L::kSub, kS = kWtStride<T>, kTok = 8 * NT, kThreads = kWtWarps * 32;
   constexpr bool kMin = L::kDminOff >= 0;
@@ -1328,7 +1328,7 @@ __global__ void __launch_bounds__(kWtWarps * 32, 2)
   uint32_t *xsl = xsh + 4 * kTok;                                     // [kTok][4]: lo_j
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tq = lane % 4;
-  const int64_t n0 = int64_t(blockIdx.x) * (16 * kWtWarps) + 16 * warp;
+  const int64_t n0 = bx * (16 * kWtWarps) + 16 * warp;
   const int r0 = blockIdx.y * kTok, rows = n_rows - r0 < kTok ? n_rows - r0 : kTok;
   const int nb = int(K / 256);
   // Outputs past the end read the last row and are not stored; rows past the end copy the
@@ -1467,6 +1467,44 @@ __global__ void __launch_bounds__(kWtWarps * 32, 2)
       const int64_t o = n0 + g + 8 * (e / 2);
       if (r < rows && o < n_out) y[size_t(r0 + r) * n_out + o] = acc[t][e];
     }
+  }
+}
+
+template <GgmlType T, int NT>
+__global__ void __launch_bounds__(kWtWarps * 32, 2)
+    matmul_wtile_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
+                        const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y,
+                        int n_rows) {
+  wtile_block<T, NT>(blockIdx.x, w, row_bytes, K, n_out, xq, xd, y, n_rows);
+}
+
+// Several matrices sharing the quantized activations (q, k and v; gate and up) in one
+// launch: the column blocks of matrix m are blockIdx.x in [first[m], first[m + 1]); each
+// block runs wtile_block of its matrix's type (T0, or T1 where alt[m]), the same code as a
+// launch of that matrix alone, so the same bits. One grid instead of one per matrix: E4B's
+// k and v (512 outputs) alone gave 64-128 blocks, a fraction of a wave each.
+constexpr int kWtSetMax = 4;
+struct WtSet {
+  int n;
+  const uint8_t *w[kWtSetMax];
+  size_t row_bytes[kWtSetMax];
+  int64_t n_out[kWtSetMax];
+  float *y[kWtSetMax];
+  bool alt[kWtSetMax];
+  int64_t first[kWtSetMax + 1];
+};
+
+template <GgmlType T0, GgmlType T1, int NT>
+__global__ void __launch_bounds__(kWtWarps * 32, 2)
+    matmul_wtile_set_kernel(WtSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                            int n_rows) {
+  int m = 0;
+  while (m + 1 < set.n && int64_t(blockIdx.x) >= set.first[m + 1]) ++m;
+  const int64_t bx = int64_t(blockIdx.x) - set.first[m];
+  if (T0 == T1 || !set.alt[m]) {
+    wtile_block<T0, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], n_rows);
+  } else {
+    wtile_block<T1, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], n_rows);
   }
 }
 
@@ -2141,6 +2179,16 @@ int kquant_skinny_max_rows() {
   return v;
 }
 
+namespace {
+// Whether n_rows rows of wm take the few-rows MMA kernel (matmul_skinny_kernel).
+bool kquant_skinny(const DevMatrix &wm, int n_rows) {
+  if (n_rows <= kquant_matvec_max_rows()) return false;
+  if (n_rows <= kquant_skinny_max_rows()) return true;
+  const int64_t tiles = (wm.n_out + kTile - 1) / kTile * ((n_rows + kTile - 1) / kTile);
+  return wtile_nt() == 0 && n_rows <= 2 * kquant_skinny_max_rows() && n_rows <= 128 && tiles < device_sm_count();
+}
+}  // namespace
+
 void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd, int n_rows,
                      CudaStream s) {
   if (n_mat <= 0) return;
@@ -2155,12 +2203,7 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
     // rows, each a serial walk over K); the bits are the same either way.
     // (Not with matmul_wtile_kernel, which measured faster there: E4B 129 rows 30.4 ms per
     // call against 36.1 for 128 with the down projection and q/k/v/o on the few-rows kernel.)
-    auto skinny = [&](const DevMatrix &wm) {
-      if (n_rows <= kquant_matvec_max_rows()) return false;
-      if (n_rows <= kquant_skinny_max_rows()) return true;
-      const int64_t tiles = (wm.n_out + kTile - 1) / kTile * ((n_rows + kTile - 1) / kTile);
-      return wtile_nt() == 0 && n_rows <= 2 * kquant_skinny_max_rows() && n_rows <= 128 && tiles < device_sm_count();
-    };
+    auto skinny = [&](const DevMatrix &wm) { return kquant_skinny(wm, n_rows); };
     // One row: the tensor-core kernel only where the matrices give it many tiles (E4B's
     // gate+up and gate: 16.6 vs 18.3 us); on the down projection and the attention
     // matrices the dp4a kernel is faster for one row (H200: down Q6_K 16.9 vs 18.9, q 4.5
@@ -2278,6 +2321,68 @@ void matmul_q32_mma(const DevMatrix &w, const int8_t *xq, const float *xd, float
     constexpr GgmlType T = decltype(tag)::value;
     launch(matmul_q32_mma_kernel<T>, grid, 128, s, w.data, w.row_bytes, w.n_in, w.n_out, xq, xd, y, n_rows,
            prefetch_mode());
+  });
+}
+
+// GEIST_CUDA_WTILE_SET=0: a launch of matmul_wtile_kernel per matrix (a knob to compare).
+bool wtile_set_enabled() {
+  static const bool v = env_int("GEIST_CUDA_WTILE_SET", 1) != 0;
+  return v;
+}
+
+bool matmul_kquant_wtile_set(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd,
+                             int n_rows, CudaStream s) {
+  using G = GgmlType;
+  if (!wtile_set_enabled() || reference_kernels() || wtile_nt() == 0 || n_mat < 2 || n_mat > kWtSetMax ||
+      n_rows < kquant_mma_min_rows() || n_rows <= kquant_matvec_max_rows() || n_rows <= kquant_mvmma_max_rows()) {
+    return false;
+  }
+  const G t0 = ws[0].type;
+  G t1 = t0;
+  for (int m = 0; m < n_mat; ++m) {
+    if (!kquant_fast_path(ws[m].type) || ws[m].n_in != ws[0].n_in || kquant_skinny(ws[m], n_rows)) return false;
+    if (ws[m].type != t0) {
+      if (t1 != t0 && ws[m].type != t1) return false;
+      t1 = ws[m].type;
+    }
+  }
+  // Two types only as Q4_K_M mixes them (Q4_K with Q6_K).
+  const bool mixed = t1 != t0;
+  if (mixed && !((t0 == G::Q4_K && t1 == G::Q6_K) || (t0 == G::Q6_K && t1 == G::Q4_K))) return false;
+  WtSet set{};
+  set.n = n_mat;
+  int64_t cols = 0;
+  for (int m = 0; m < n_mat; ++m) {
+    set.w[m] = ws[m].data;
+    set.row_bytes[m] = ws[m].row_bytes;
+    set.n_out[m] = ws[m].n_out;
+    set.y[m] = ys[m];
+    set.alt[m] = mixed && ws[m].type != G::Q4_K;  // T0 = Q4_K, T1 = Q6_K
+    set.first[m] = cols;
+    cols += (ws[m].n_out + 16 * kWtWarps - 1) / (16 * kWtWarps);
+  }
+  set.first[n_mat] = cols;
+  // 32-row blocks by launch_wtile's rules, on the whole grid.
+  const bool nt4 = wtile_nt() == 4 || n_rows <= wtile4_max_rows() || cols * ((n_rows + 63) / 64) < wtile4_min_blocks();
+  auto go = [&](auto kernel, size_t smem, int nt) {
+    const dim3 grid(unsigned(cols), unsigned((n_rows + 8 * nt - 1) / (8 * nt)));
+    launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, set, ws[0].n_in, xq, xd, n_rows);
+  };
+  if (mixed) {
+    if (nt4) {
+      go(matmul_wtile_set_kernel<G::Q4_K, G::Q6_K, 4>, std::max(wtile_smem<G::Q4_K, 4>(), wtile_smem<G::Q6_K, 4>()), 4);
+    } else {
+      go(matmul_wtile_set_kernel<G::Q4_K, G::Q6_K, 8>, std::max(wtile_smem<G::Q4_K, 8>(), wtile_smem<G::Q6_K, 8>()), 8);
+    }
+    return true;
+  }
+  return dispatch_kquant(t0, [&](auto tag) {
+    constexpr G T = decltype(tag)::value;
+    if (nt4) {
+      go(matmul_wtile_set_kernel<T, T, 4>, wtile_smem<T, 4>(), 4);
+    } else {
+      go(matmul_wtile_set_kernel<T, T, 8>, wtile_smem<T, 8>(), 8);
+    }
   });
 }
 

@@ -34,6 +34,11 @@ void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int
 // false, with nothing launched, otherwise. The bits of matmul_kquant_n on each run.
 bool matmul_kquant_mixed(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd,
                          int n_rows, CudaStream s);
+// Up to 4 matrices of one K-quant type, or of Q4_K and Q6_K, sharing x in one launch of the
+// prefill tile kernel where each alone would take it (GEIST_CUDA_WTILE_SET, default on);
+// false, with nothing launched, otherwise. The bits of matmul_kquant_n on each matrix.
+bool matmul_kquant_wtile_set(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd,
+                             int n_rows, CudaStream s);
 
 // Q4_0, Q5_0, Q8_0 (Q8_0-mode activations: xq [n_rows][K] int8, xd [n_rows][K / 32]) on
 // int8 tensor cores, 64 x 64 tiles: dot_q8_0_blocks's bits (the integer sum of each
