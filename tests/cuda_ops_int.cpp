@@ -1710,6 +1710,41 @@ CUDA_TEST(CudaOps, DISABLED_PerfDecode) {
   }
 }
 
+// E4B's q, k and v projections (Q4_K 2560 x 2048, Q4_K 2560 x 512, Q6_K 2560 x 512) through
+// matmul_n together and each alone (--gtest_filter='*PerfQkv' --gtest_also_run_disabled_tests).
+CUDA_TEST(CudaOps, DISABLED_PerfQkv) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(5);
+  cu::CudaStream s = cuda_env().s;
+  const int64_t k = 2560;
+  const std::pair<GgmlType, int64_t> mats[] = {{GgmlType::Q4_K, 2048}, {GgmlType::Q4_K, 512}, {GgmlType::Q6_K, 512}};
+  DevBuf dx(random_acts(512, k, rng));
+  std::vector<std::unique_ptr<DevBuf>> dw, dy;
+  std::vector<cu::DevMatrix> ms;
+  std::vector<float *> ys;
+  size_t scratch_bytes = 1;
+  for (const auto &[t, n] : mats) {
+    dw.push_back(std::make_unique<DevBuf>(random_matrix(t, k, n, rng)));
+    dy.push_back(std::make_unique<DevBuf>(size_t(512) * n * 4));
+    ms.push_back(dev_matrix(*dw.back(), t, k, n));
+    ys.push_back(dy.back()->as<float>());
+    scratch_bytes = std::max(scratch_bytes, cu::matmul_scratch_bytes(ms.back(), 512));
+  }
+  DevBuf scratch(scratch_bytes);
+  for (int rows : {64, 128, 512}) {
+    const double all = time_ms(
+        [&] { (void)cu::matmul_n(ms.data(), ys.data(), 3, dx.as<float>(), rows, cu::ActMode::Q8, scratch.as(), s); }, 20);
+    double one[3];
+    for (int m = 0; m < 3; ++m) {
+      one[m] = time_ms(
+          [&] { (void)cu::matmul(ms[size_t(m)], dx.as<float>(), ys[size_t(m)], rows, cu::ActMode::Q8, scratch.as(), s); },
+          20);
+    }
+    std::printf("PERF qkv rows %3d: matmul_n %7.1f us; alone (each quantizing x) q %7.1f, k %7.1f, v %7.1f us\n", rows,
+                1e3 * all, 1e3 * one[0], 1e3 * one[1], 1e3 * one[2]);
+  }
+}
+
 // Attention timings alone (--gtest_filter='*PerfAttention' --gtest_also_run_disabled_tests).
 CUDA_TEST(CudaOps, DISABLED_PerfAttention) {
   REQUIRE_CUDA();
