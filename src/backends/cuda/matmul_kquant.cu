@@ -1323,8 +1323,8 @@ __device__ __forceinline__ void wtile_block(int64_t bx, const uint8_t *__restric
   constexpr bool kMin = L::kDminOff >= 0;
   extern __shared__ __align__(16) int8_t wt_smem[];
   int8_t *xs = wt_smem;                                               // [2][kTok][kS]
-  float *xds = reinterpret_cast<float *>(wt_smem + 2 * kTok * kS);  // [kTok]
-  uint32_t *xsh = reinterpret_cast<uint32_t *>(xds + kTok);          // [kTok][4]: hi_j, byte j
+  float *xds = reinterpret_cast<float *>(wt_smem + 2 * kTok * kS);  // [2][kTok]
+  uint32_t *xsh = reinterpret_cast<uint32_t *>(xds + 2 * kTok);      // [kTok][4]: hi_j, byte j
   uint32_t *xsl = xsh + 4 * kTok;                                     // [kTok][4]: lo_j
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tq = lane % 4;
@@ -1342,12 +1342,14 @@ __device__ __forceinline__ void wtile_block(int64_t bx, const uint8_t *__restric
   }
   dev::pdl_start();
 
+  // Block b's activation rows and their scales into buffer b & 1, by cp.async.
   auto issue = [&](int b) {
     int8_t *dst = xs + (b & 1) * kTok * kS;
     for (int u = tid; u < kTok * 16; u += kThreads) {
       const int r = u / 16, c = u % 16;
       cp_async16(dst + r * kS + 16 * c, xq + size_t(r0 + (r < rows ? r : rows - 1)) * K + size_t(b) * 256 + 16 * c);
     }
+    if (tid < kTok) cp_async4(xds + (b & 1) * kTok + tid, xd + size_t(r0 + (tid < rows ? tid : rows - 1)) * nb + b);
     cp_async_commit();
   };
   issue(0);
@@ -1424,7 +1426,7 @@ __device__ __forceinline__ void wtile_block(int64_t bx, const uint8_t *__restric
 #pragma unroll
         for (int e = 0; e < 4; ++e) msum[e] = 64 * ch[e] + cl[e];
       }
-      const float2 dx = *reinterpret_cast<const float2 *>(&xds[8 * t + 2 * tq]);
+      const float2 dx = *reinterpret_cast<const float2 *>(&xds[(b & 1) * kTok + 8 * t + 2 * tq]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         acc[t][e] = __fadd_rn(acc[t][e], block_term<T>(dw[e / 2], dm[e / 2], (e & 1) ? dx.y : dx.x, isum[e], msum[e]));
@@ -1432,14 +1434,16 @@ __device__ __forceinline__ void wtile_block(int64_t bx, const uint8_t *__restric
     }
   };
 
-  // Per super-block: wait for its rows, start the next block's copy, make the sub-block
-  // sums and scales of the rows, then every warp computes (loading its next weights first).
+  // Per super-block: wait for its rows and scales, start the next block's copy and the
+  // warp's next weights, make the sub-block sums of the rows, then every warp computes. (The
+  // scales used to be read here, a global load before the barrier on every block: E4B's
+  // q at 64 rows, one block per SM, took ~2 us per super-block, H100.)
   auto body = [&](const MmBlock<T> &cur, MmBlock<T> &ahead, int b) {
     cp_async_wait_all();
     __syncthreads();  // block b's rows are in; every warp is done with block b - 1
     if (b + 1 < nb) issue(b + 1);
+    if (b + 1 < nb) mm_load<T>(w0 + size_t(b + 1) * L::kBytes, w1 + size_t(b + 1) * L::kBytes, tq, ahead);
     const int8_t *xb = xs + (b & 1) * kTok * kS;
-    if (tid < kTok) xds[tid] = xd[size_t(r0 + (tid < rows ? tid : rows - 1)) * nb + b];
     if constexpr (kMin) {
       for (int u = tid; u < kTok * kNSub; u += kThreads) {
         const int r = u / kNSub, j = u % kNSub;
@@ -1452,7 +1456,6 @@ __device__ __forceinline__ void wtile_block(int64_t bx, const uint8_t *__restric
       }
     }
     __syncthreads();
-    if (b + 1 < nb) mm_load<T>(w0 + size_t(b + 1) * L::kBytes, w1 + size_t(b + 1) * L::kBytes, tq, ahead);
     compute(cur, b);
     return b + 1 < nb;
   };
@@ -1508,10 +1511,10 @@ __global__ void __launch_bounds__(kWtWarps * 32, 2)
   }
 }
 
-// Under 48 KiB for NT <= 8 (no opt-in needed): 2 x 64 x 288 + 64 x 36 = 39168 bytes.
+// Under 48 KiB for NT <= 8 (no opt-in needed): 2 x 64 x 288 + 64 x 40 = 39424 bytes.
 template <GgmlType T, int NT>
 size_t wtile_smem() {
-  return size_t(2) * 8 * NT * kWtStride<T> + size_t(8 * NT) * (4 + 32);
+  return size_t(2) * 8 * NT * kWtStride<T> + size_t(8 * NT) * (8 + 32);
 }
 
 // GEIST_CUDA_WTILE: 0 keeps matmul_mma_kernel for prefill, 4 or 8 picks the 8-row tiles per
