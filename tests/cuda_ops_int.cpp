@@ -1549,7 +1549,8 @@ CUDA_TEST(CudaOps, AttentionMultiQuerySameBits) {
   cases.push_back(AttnCase{33, 4, 2, 64, 100, 1000, 100 + 33, KvType::BF16, KvType::BF16});
   cases.push_back(AttnCase{5, 16, 1, 256, 0, 70, 75, KvType::F32, KvType::F32});     // group 16: one row per tile
   cases.push_back(AttnCase{9, 8, 2, 256, 0, 0, 9, KvType::F16, KvType::Q8_0});       // mixed K and V types
-  cases.push_back(AttnCase{300, 8, 2, 256, 0, 20, 320, KvType::F32, KvType::F32});   // launches of 256 and 44
+  cases.push_back(AttnCase{300, 8, 2, 256, 0, 20, 320, KvType::F32, KvType::F32});   // one launch (5 of 64 in ctest's ATTN_ROWS_64)
+  cases.push_back(AttnCase{600, 8, 2, 128, 0, 20, 620, KvType::F32, KvType::F32});   // launches of 512 and 88
   for (const AttnCase &c : cases) {
     SCOPED_TRACE(describe(c));
     std::mt19937 rng_a(7), rng_b(7), rng_c(7);
