@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 
@@ -2183,6 +2184,26 @@ int kquant_skinny_max_rows() {
 }
 
 namespace {
+// GEIST_CUDA_TAIL_ROWS=T (default 0: off; at most 63): a call of more than 64 rows whose last
+// 64-row tile would hold 1..T rows runs those rows as a call of their own (for T <= 32 the
+// matrix-vector / few-rows kernels), so that they do not pay a whole tile's weight loads:
+// `bench rows` E4B (H200) costs 193 rows as much as 256 (28.6 / 29.4 ms against 21.4 for
+// 192). Rows are independent and every kernel gives the same bits, so the split does not
+// change them. Not yet measured.
+int kquant_tail_rows(int n_rows) {
+  static const int v = std::min(env_int("GEIST_CUDA_TAIL_ROWS", 0), 63);
+  if (v <= 0 || n_rows <= 64) return 0;
+  const int t = n_rows % 64;
+  return t <= v ? t : 0;
+}
+// ys[m] advanced by `rows` rows of matrix m's outputs, for up to kMaxTailSet matrices.
+constexpr int kMaxTailSet = 8;
+std::array<float *, kMaxTailSet> rows_after(const DevMatrix *ws, float *const *ys, int n_mat, int rows) {
+  std::array<float *, kMaxTailSet> out{};
+  for (int m = 0; m < n_mat && m < kMaxTailSet; ++m) out[size_t(m)] = ys[m] + size_t(rows) * size_t(ws[m].n_out);
+  return out;
+}
+
 // Whether n_rows rows of wm take the few-rows MMA kernel (matmul_skinny_kernel).
 bool kquant_skinny(const DevMatrix &wm, int n_rows) {
   if (n_rows <= kquant_matvec_max_rows()) return false;
@@ -2195,6 +2216,14 @@ bool kquant_skinny(const DevMatrix &wm, int n_rows) {
 void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd, int n_rows,
                      CudaStream s) {
   if (n_mat <= 0) return;
+  if (const int t = kquant_tail_rows(n_rows); t > 0 && n_mat <= kMaxTailSet) {
+    const int h = n_rows - t;  // a multiple of 64: not split again
+    const int64_t K = ws[0].n_in;
+    matmul_kquant_n(ws, ys, n_mat, xq, xd, h, s);
+    const auto yt = rows_after(ws, ys, n_mat, h);
+    matmul_kquant_n(ws, yt.data(), n_mat, xq + size_t(h) * size_t(K), xd + size_t(h) * size_t(K / 256), t, s);
+    return;
+  }
   dispatch_kquant(ws[0].type, [&](auto tag) {
     constexpr GgmlType T = decltype(tag)::value;
     // One row of Q4_K / Q5_K / Q6_K (decode; up to mvs_max_rows rows): the shared-memory staged kernel.
@@ -2339,6 +2368,22 @@ bool matmul_kquant_wtile_set(const DevMatrix *ws, float *const *ys, int n_mat, c
   if (!wtile_set_enabled() || reference_kernels() || wtile_nt() == 0 || n_mat < 2 || n_mat > kWtSetMax ||
       n_rows < kquant_mma_min_rows() || n_rows <= kquant_matvec_max_rows() || n_rows <= kquant_mvmma_max_rows()) {
     return false;
+  }
+  if (const int t = kquant_tail_rows(n_rows)) {
+    // The set for the rows up to the last multiple of 64, then the tail's rows as calls of
+    // their own (a run of one type per call).
+    const int h = n_rows - t;
+    if (!matmul_kquant_wtile_set(ws, ys, n_mat, xq, xd, h, s)) return false;
+    const int64_t K = ws[0].n_in;
+    const auto yt = rows_after(ws, ys, n_mat, h);
+    for (int m0 = 0; m0 < n_mat;) {
+      int m1 = m0 + 1;
+      while (m1 < n_mat && ws[m1].type == ws[m0].type) ++m1;
+      matmul_kquant_n(ws + m0, yt.data() + m0, m1 - m0, xq + size_t(h) * size_t(K), xd + size_t(h) * size_t(K / 256), t,
+                      s);
+      m0 = m1;
+    }
+    return true;
   }
   const G t0 = ws[0].type;
   G t1 = t0;
