@@ -543,6 +543,41 @@ __device__ __forceinline__ void mq_stage(const uint8_t *ring, size_t row_bytes, 
   }
 }
 
+// One query head's softmax step over a chunk's scores scq[0, lq) (lq <= 64), by one warp:
+// the chunk's max, alpha = exp(m - m_new), e_j = exp(s_j - m_new) written over the scores,
+// their sum as two 32-lane xor trees (indices 0..31, then 32..63) added in that order (the
+// single-query kernel's warps 2 and 3 add zeros, which change nothing), l = l alpha + sum;
+// lane 0 updates *m, *l and leaves alpha in *a.
+__device__ __forceinline__ void mq_chunk_softmax(float *scq, int lq, float *m_q, float *l_q, float *a_q, int lane) {
+  float mc = -INFINITY;  // NaN scores are ignored, as fmaxf from -inf does in the single-query kernel
+  if (lane < lq) mc = fmaxf(mc, scq[lane]);
+  if (lane + 32 < lq) mc = fmaxf(mc, scq[lane + 32]);
+  for (int off = 16; off >= 1; off /= 2) mc = fmaxf(mc, __shfl_xor_sync(kFull, mc, off));
+  const float m = *m_q;
+  const float mn = fmaxf(m, mc);
+  const float alpha = m == -INFINITY ? 0.0f : exp_f(__fsub_rn(m, mn));
+  float e_lo = 0.0f, e_hi = 0.0f;
+  if (lane < lq) e_lo = mn == -INFINITY ? 0.0f : exp_f(__fsub_rn(scq[lane], mn));
+  if (lane + 32 < lq) e_hi = mn == -INFINITY ? 0.0f : exp_f(__fsub_rn(scq[lane + 32], mn));
+  __syncwarp();
+  if (lane < lq) scq[lane] = e_lo;
+  if (lane + 32 < lq) scq[lane + 32] = e_hi;
+  float t_lo = e_lo, t_hi = e_hi;
+  for (int off = 16; off >= 1; off /= 2) {
+    t_lo = __fadd_rn(t_lo, __shfl_xor_sync(kFull, t_lo, off));
+    t_hi = __fadd_rn(t_hi, __shfl_xor_sync(kFull, t_hi, off));
+  }
+  if (lane == 0) {
+    float sum = t_lo;
+    sum = __fadd_rn(sum, t_hi);
+    sum = __fadd_rn(sum, 0.0f);  // the single-query kernel's warps 2 and 3 (no keys)
+    sum = __fadd_rn(sum, 0.0f);
+    *l_q = __fadd_rn(__fmul_rn(*l_q, alpha), sum);
+    *m_q = mn;
+    *a_q = alpha;
+  }
+}
+
 template <KvType KT, KvType VT, int HD>
 __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0, int row0, int n_rows,
                                                                   float *__restrict__ part) {
@@ -645,34 +680,7 @@ __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0,
       const int64_t kaq = c * kChunk > jq ? c * kChunk : jq;
       const int64_t kbq = c * kChunk + kChunk - 1 < pq ? c * kChunk + kChunk - 1 : pq;
       const int lq = int(kbq - kaq + 1);
-      float* scq = sc + qh * kChunk;
-      float mc = -INFINITY;  // NaN scores are ignored, as fmaxf from -inf does in the single-query kernel
-      if (lane < lq) mc = fmaxf(mc, scq[lane]);
-      if (lane + 32 < lq) mc = fmaxf(mc, scq[lane + 32]);
-      for (int off = 16; off >= 1; off /= 2) mc = fmaxf(mc, __shfl_xor_sync(kFull, mc, off));
-      const float m = ms[qh];
-      const float mn = fmaxf(m, mc);
-      const float alpha = m == -INFINITY ? 0.0f : exp_f(__fsub_rn(m, mn));
-      float e_lo = 0.0f, e_hi = 0.0f;
-      if (lane < lq) e_lo = mn == -INFINITY ? 0.0f : exp_f(__fsub_rn(scq[lane], mn));
-      if (lane + 32 < lq) e_hi = mn == -INFINITY ? 0.0f : exp_f(__fsub_rn(scq[lane + 32], mn));
-      __syncwarp();
-      if (lane < lq) scq[lane] = e_lo;
-      if (lane + 32 < lq) scq[lane + 32] = e_hi;
-      float t_lo = e_lo, t_hi = e_hi;
-      for (int off = 16; off >= 1; off /= 2) {
-        t_lo = __fadd_rn(t_lo, __shfl_xor_sync(kFull, t_lo, off));
-        t_hi = __fadd_rn(t_hi, __shfl_xor_sync(kFull, t_hi, off));
-      }
-      if (lane == 0) {
-        float sum = t_lo;
-        sum = __fadd_rn(sum, t_hi);
-        sum = __fadd_rn(sum, 0.0f);  // the single-query kernel's warps 2 and 3 (no keys)
-        sum = __fadd_rn(sum, 0.0f);
-        ls[qh] = __fadd_rn(__fmul_rn(ls[qh], alpha), sum);
-        ms[qh] = mn;
-        al[qh] = alpha;
-      }
+      mq_chunk_softmax(sc + qh * kChunk, lq, ms + qh, ls + qh, al + qh, lane);
     }
     __syncthreads();
     // o = o alpha + sum_j e_j v_j, keys in order, V staged like K.
@@ -924,39 +932,12 @@ __global__ void __launch_bounds__(kMqThreads, 2) attention_mqr_kernel(AttnParams
       }
       if (cur.t0 + kKs > sb(c)) {
         __syncthreads();  // every score of the chunk is in
-        // Softmax of the chunk, a warp per query head: attention_mq_kernel's steps.
+        // Softmax of the chunk, a warp per query head, as attention_mq_kernel's.
         for (int qh = warp; qh < kMqHeads; qh += kMqThreads / 32) {
           int kaq;
           const int lq = qrange(qh, c, &kaq);
           if (lq == 0) continue;
-          float *scq = sc + qh * kChunk;
-          float mc = -INFINITY;
-          if (lane < lq) mc = fmaxf(mc, scq[lane]);
-          if (lane + 32 < lq) mc = fmaxf(mc, scq[lane + 32]);
-          for (int off = 16; off >= 1; off /= 2) mc = fmaxf(mc, __shfl_xor_sync(kFull, mc, off));
-          const float m = ms[qh];
-          const float mn = fmaxf(m, mc);
-          const float alpha = m == -INFINITY ? 0.0f : exp_f(__fsub_rn(m, mn));
-          float e_lo = 0.0f, e_hi = 0.0f;
-          if (lane < lq) e_lo = mn == -INFINITY ? 0.0f : exp_f(__fsub_rn(scq[lane], mn));
-          if (lane + 32 < lq) e_hi = mn == -INFINITY ? 0.0f : exp_f(__fsub_rn(scq[lane + 32], mn));
-          __syncwarp();
-          if (lane < lq) scq[lane] = e_lo;
-          if (lane + 32 < lq) scq[lane + 32] = e_hi;
-          float t_lo = e_lo, t_hi = e_hi;
-          for (int off = 16; off >= 1; off /= 2) {
-            t_lo = __fadd_rn(t_lo, __shfl_xor_sync(kFull, t_lo, off));
-            t_hi = __fadd_rn(t_hi, __shfl_xor_sync(kFull, t_hi, off));
-          }
-          if (lane == 0) {
-            float sum = t_lo;
-            sum = __fadd_rn(sum, t_hi);
-            sum = __fadd_rn(sum, 0.0f);  // the single-query kernel's warps 2 and 3 (no keys)
-            sum = __fadd_rn(sum, 0.0f);
-            ls[qh] = __fadd_rn(__fmul_rn(ls[qh], alpha), sum);
-            ms[qh] = mn;
-            al[qh] = alpha;
-          }
+          mq_chunk_softmax(sc + qh * kChunk, lq, ms + qh, ls + qh, al + qh, lane);
         }
       }
     } else {
