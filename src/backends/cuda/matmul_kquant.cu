@@ -1474,8 +1474,10 @@ __device__ __forceinline__ void wtile_block(int64_t bx, const uint8_t *__restric
   }
 }
 
-template <GgmlType T, int NT>
-__global__ void __launch_bounds__(kWtWarps * 32, 2)
+// MinB: blocks per SM the registers are capped for (2: 227-242 registers, no spills; 3: 168,
+// with 24-264 bytes of spills under ptxas -v, sm_90).
+template <GgmlType T, int NT, int MinB = 2>
+__global__ void __launch_bounds__(kWtWarps * 32, MinB)
     matmul_wtile_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
                         const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y,
                         int n_rows) {
@@ -1553,6 +1555,15 @@ int64_t wtile4_min_blocks() {
   return v;
 }
 
+// GEIST_CUDA_WTILE_MINB=3 (default 2): one matrix's tile kernel capped at 168 registers for 3
+// blocks per SM, a knob to measure. Why: ncu (H100) has E4B's down projection at 512 rows as
+// 320 blocks, 1.21 waves of the 264 that 2 blocks per SM allow (300 us against gate+up's 331
+// for twice the work); 396 slots would take it in one wave, at the price of the spills.
+int wtile_min_blocks_per_sm() {
+  static const int v = env_int("GEIST_CUDA_WTILE_MINB", 2) == 3 ? 3 : 2;
+  return v;
+}
+
 template <GgmlType T>
 void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s) {
   auto go = [&](auto kernel, int nt) {
@@ -1561,7 +1572,14 @@ void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float 
     launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, wm.data, wm.row_bytes, wm.n_in, wm.n_out, xq, xd, y, n_rows);
   };
   const int64_t blocks8 = (wm.n_out + 16 * kWtWarps - 1) / (16 * kWtWarps) * ((n_rows + 63) / 64);
-  if (wtile_nt() == 4 || n_rows <= wtile4_max_rows() || blocks8 < wtile4_min_blocks()) {
+  const bool nt4 = wtile_nt() == 4 || n_rows <= wtile4_max_rows() || blocks8 < wtile4_min_blocks();
+  if (wtile_min_blocks_per_sm() == 3) {
+    if (nt4) {
+      go(matmul_wtile_kernel<T, 4, 3>, 4);
+    } else {
+      go(matmul_wtile_kernel<T, 8, 3>, 8);
+    }
+  } else if (nt4) {
     go(matmul_wtile_kernel<T, 4>, 4);
   } else {
     go(matmul_wtile_kernel<T, 8>, 8);
