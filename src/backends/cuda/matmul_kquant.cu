@@ -1555,6 +1555,12 @@ int64_t wtile4_min_blocks() {
   return v;
 }
 
+// Whether a tile-kernel grid of `cols` 64-output column blocks over n_rows rows takes blocks
+// of 32 rows (4 tiles) instead of 64 (8).
+bool wtile_nt4(int64_t cols, int n_rows) {
+  return wtile_nt() == 4 || n_rows <= wtile4_max_rows() || cols * ((n_rows + 63) / 64) < wtile4_min_blocks();
+}
+
 // GEIST_CUDA_WTILE_MINB=3 (default 2): one matrix's tile kernel capped at 168 registers for 3
 // blocks per SM, a knob to measure. Why: ncu (H100) has E4B's down projection at 512 rows as
 // 320 blocks, 1.21 waves of the 264 that 2 blocks per SM allow (300 us against gate+up's 331
@@ -1571,8 +1577,7 @@ void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float 
     const dim3 grid(unsigned((wm.n_out + 16 * kWtWarps - 1) / (16 * kWtWarps)), unsigned((n_rows + 8 * nt - 1) / (8 * nt)));
     launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, wm.data, wm.row_bytes, wm.n_in, wm.n_out, xq, xd, y, n_rows);
   };
-  const int64_t blocks8 = (wm.n_out + 16 * kWtWarps - 1) / (16 * kWtWarps) * ((n_rows + 63) / 64);
-  const bool nt4 = wtile_nt() == 4 || n_rows <= wtile4_max_rows() || blocks8 < wtile4_min_blocks();
+  const bool nt4 = wtile_nt4((wm.n_out + 16 * kWtWarps - 1) / (16 * kWtWarps), n_rows);
   if (wtile_min_blocks_per_sm() == 3) {
     if (nt4) {
       go(matmul_wtile_kernel<T, 4, 3>, 4);
@@ -2428,8 +2433,7 @@ bool matmul_kquant_wtile_set(const DevMatrix *ws, float *const *ys, int n_mat, c
     cols += (ws[m].n_out + 16 * kWtWarps - 1) / (16 * kWtWarps);
   }
   set.first[n_mat] = cols;
-  // 32-row blocks by launch_wtile's rules, on the whole grid.
-  const bool nt4 = wtile_nt() == 4 || n_rows <= wtile4_max_rows() || cols * ((n_rows + 63) / 64) < wtile4_min_blocks();
+  const bool nt4 = wtile_nt4(cols, n_rows);  // on the whole grid
   auto go = [&](auto kernel, size_t smem, int nt) {
     const dim3 grid(unsigned(cols), unsigned((n_rows + 8 * nt - 1) / (8 * nt)));
     launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, set, ws[0].n_in, xq, xd, n_rows);
