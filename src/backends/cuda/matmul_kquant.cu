@@ -1474,10 +1474,8 @@ __device__ __forceinline__ void wtile_block(int64_t bx, const uint8_t *__restric
   }
 }
 
-// MinB: blocks per SM the registers are capped for (2: 227-242 registers, no spills; 3: 168,
-// with 24-264 bytes of spills under ptxas -v, sm_90).
-template <GgmlType T, int NT, int MinB = 2>
-__global__ void __launch_bounds__(kWtWarps * 32, MinB)
+template <GgmlType T, int NT>
+__global__ void __launch_bounds__(kWtWarps * 32, 2)
     matmul_wtile_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
                         const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y,
                         int n_rows) {
@@ -1561,15 +1559,6 @@ bool wtile_nt4(int64_t cols, int n_rows) {
   return wtile_nt() == 4 || n_rows <= wtile4_max_rows() || cols * ((n_rows + 63) / 64) < wtile4_min_blocks();
 }
 
-// GEIST_CUDA_WTILE_MINB=3 (default 2): one matrix's tile kernel capped at 168 registers for 3
-// blocks per SM, a knob to measure. Why: ncu (H100) has E4B's down projection at 512 rows as
-// 320 blocks, 1.21 waves of the 264 that 2 blocks per SM allow (300 us against gate+up's 331
-// for twice the work); 396 slots would take it in one wave, at the price of the spills.
-int wtile_min_blocks_per_sm() {
-  static const int v = env_int("GEIST_CUDA_WTILE_MINB", 2) == 3 ? 3 : 2;
-  return v;
-}
-
 template <GgmlType T>
 void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s) {
   auto go = [&](auto kernel, int nt) {
@@ -1578,13 +1567,7 @@ void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float 
     launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, wm.data, wm.row_bytes, wm.n_in, wm.n_out, xq, xd, y, n_rows);
   };
   const bool nt4 = wtile_nt4((wm.n_out + 16 * kWtWarps - 1) / (16 * kWtWarps), n_rows);
-  if (wtile_min_blocks_per_sm() == 3) {
-    if (nt4) {
-      go(matmul_wtile_kernel<T, 4, 3>, 4);
-    } else {
-      go(matmul_wtile_kernel<T, 8, 3>, 8);
-    }
-  } else if (nt4) {
+  if (nt4) {
     go(matmul_wtile_kernel<T, 4>, 4);
   } else {
     go(matmul_wtile_kernel<T, 8>, 8);
@@ -1611,7 +1594,7 @@ void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float 
 constexpr int kMvsThreads = 128;
 
 struct MvsShape {
-  int tr;    // outputs per block of threads: 8, 16 or 32
+  int tr;    // outputs per block of threads: 8, 16 or 32 (4 by GEIST_CUDA_MVS_TR)
   int sb;    // super-blocks per slice
   int nbuf;  // slice buffers
 };
@@ -1625,13 +1608,25 @@ __host__ __device__ constexpr int mvs_pitch(int sb) {
 }
 
 // Shared memory for nr activation rows: activations (nr x K bytes), their 32-element sums
-// (nr x K / 32 ints), block scales (nr x nb floats, rounded up to 4), terms (nr x tr x
+// (16-element for Q6_K: nr x K / mvs_group ints), block scales (nr x nb floats, rounded up to 4), terms (nr x tr x
 // (nb | 1) floats, rounded up to 4), then the slice buffers.
+template <GgmlType T>
+__host__ __device__ constexpr int mvs_group() {
+  return T == GgmlType::Q6_K ? 16 : 32;
+}
+
 template <GgmlType T>
 __host__ __device__ constexpr size_t mvs_smem(int64_t K, MvsShape sh, int nr) {
   const int64_t nb = K / 256, nbp = nb | 1;
-  return size_t(nr) * (size_t(K) + size_t(K / 32) * 4) + size_t((nr * nb + 3) / 4 * 4) * 4 +
+  return size_t(nr) * (size_t(K) + size_t(K / mvs_group<T>()) * 4) + size_t((nr * nb + 3) / 4 * 4) * 4 +
          size_t((nr * sh.tr * nbp + 3) / 4 * 4) * 4 + size_t(sh.nbuf) * sh.tr * mvs_pitch<T>(sh.sb);
+}
+
+// a . b + c for unsigned bytes a and signed bytes b (dp4a.u32.s32).
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
 }
 
 // The f32 block terms of one Q4_K / Q5_K super-block for NR activation rows (wb: its bytes in
@@ -1661,10 +1656,13 @@ __device__ __forceinline__ void mvs_block(const uint8_t *wb, const int8_t *x, in
     const uint4 qa = *reinterpret_cast<const uint4 *>(wb + kQs + 32 * k);
     const uint4 qb = *reinterpret_cast<const uint4 *>(wb + kQs + 32 * k + 16);
     const uint32_t w[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+    // Q4_K's high nibbles stay in place (16 times the quant, unsigned), so its sums are 16
+    // times the integer: exact, shifted back once after the last group.
     uint32_t lo[8], hi[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      lo[i] = w[i] & 0x0F0F0F0Fu, hi[i] = (w[i] >> 4) & 0x0F0F0F0Fu;
+      lo[i] = w[i] & 0x0F0F0F0Fu;
+      hi[i] = T == GgmlType::Q4_K ? (w[i] & 0xF0F0F0F0u) : ((w[i] >> 4) & 0x0F0F0F0Fu);
       if constexpr (T == GgmlType::Q5_K) {
         lo[i] |= ((qh[i] >> (2 * k)) & 0x01010101u) << 4;
         hi[i] |= ((qh[i] >> (2 * k + 1)) & 0x01010101u) << 4;
@@ -1682,10 +1680,14 @@ __device__ __forceinline__ void mvs_block(const uint8_t *wb, const int8_t *x, in
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         dl = __dp4a(int(lo[i]), xl[i], dl);
-        dh = __dp4a(int(hi[i]), xh[i], dh);
+        dh = T == GgmlType::Q4_K ? dp4a_us(hi[i], xh[i], dh) : __dp4a(int(hi[i]), xh[i], dh);
       }
-      isum[q] += s0 * dl + s1 * dh;
+      isum[q] += T == GgmlType::Q4_K ? 16 * s0 * dl + s1 * dh : s0 * dl + s1 * dh;
     }
+  }
+  if constexpr (T == GgmlType::Q4_K) {
+#pragma unroll
+    for (int q = 0; q < NR; ++q) isum[q] >>= 4;  // |16 isum| < 2^29 (6-bit scales, 64 x 15 x 128 per group)
   }
 #pragma unroll
   for (int q = 0; q < NR; ++q) {
@@ -1702,8 +1704,11 @@ __device__ __forceinline__ void mvs_block(const uint8_t *wb, const int8_t *x, in
 // each word funnel-shifted out of two.
 template <int N>
 __device__ __forceinline__ void lds_words(const uint8_t *p, uint32_t out[N]) {
-  const uint32_t *a = reinterpret_cast<const uint32_t *>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t(3));
-  const unsigned sh = unsigned(reinterpret_cast<uintptr_t>(p) & 3) * 8;
+  // p minus its misalignment, not a rounded integer: the compiler then still sees a shared
+  // memory address and loads with LDS (an address rebuilt from an integer is a generic load).
+  const unsigned off = unsigned(reinterpret_cast<uintptr_t>(p) & 3);
+  const uint32_t *a = reinterpret_cast<const uint32_t *>(p - off);
+  const unsigned sh = off * 8;
   uint32_t w[N + 1];
 #pragma unroll
   for (int k = 0; k <= N; ++k) w[k] = a[k];
@@ -1715,10 +1720,12 @@ __device__ __forceinline__ void lds_words(const uint8_t *p, uint32_t out[N]) {
 // activation rows (as mvs_block), half by half: ql[64 h, 64 h + 64), qh[32 h, 32 h + 32),
 // scales[8 h, 8 h + 8); element 128 h + 32 s + l takes ql's low (s = 0, 1) or high (s = 2, 3)
 // nibble of byte 64 h + l + 32 (s % 2) and bits 2 s, 2 s + 1 of qh byte 32 h + l, minus 32
-// (unpack_piece's quants).
+// (unpack_piece's quants). The products take the unsigned 6-bit quants and each 16-element
+// group subtracts 32 times its activation sum (xs16: row 0's 16 sums of the block, row r's
+// sstride ints further): the same integer as the signed products, with no per-byte subtract.
 template <int NR>
-__device__ __forceinline__ void mvs_block_q6k(const uint8_t *wb, const int8_t *x, int xstride, const float *dx,
-                                              int dstride, float out[NR]) {
+__device__ __forceinline__ void mvs_block_q6k(const uint8_t *wb, const int8_t *x, int xstride, const int *xs16,
+                                              int sstride, const float *dx, int dstride, float out[NR]) {
   int isum[NR];
 #pragma unroll
   for (int r = 0; r < NR; ++r) isum[r] = 0;
@@ -1735,13 +1742,13 @@ __device__ __forceinline__ void mvs_block_q6k(const uint8_t *wb, const int8_t *x
       for (int j = 0; j < 8; ++j) d[r][j] = 0;
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      int q[8];
+      uint32_t q[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const uint32_t l = ql[8 * (s % 2) + i];
         const uint32_t lo = s < 2 ? (l & 0x0F0F0F0Fu) : ((l >> 4) & 0x0F0F0F0Fu);
         const uint32_t hh = s == 0 ? (qh[i] << 4) : s == 1 ? (qh[i] << 2) : s == 2 ? qh[i] : (qh[i] >> 2);
-        q[i] = int(__vsub4(lo | (hh & 0x30303030u), 0x20202020u));
+        q[i] = lo | (hh & 0x30303030u);
       }
 #pragma unroll
       for (int r = 0; r < NR; ++r) {
@@ -1749,13 +1756,19 @@ __device__ __forceinline__ void mvs_block_q6k(const uint8_t *wb, const int8_t *x
         const int4 x0 = xv[0], x1 = xv[1];
         const int xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
 #pragma unroll
-        for (int i = 0; i < 8; ++i) d[r][2 * s + i / 4] = __dp4a(q[i], xw[i], d[r][2 * s + i / 4]);
+        for (int i = 0; i < 8; ++i) d[r][2 * s + i / 4] = dp4a_us(q[i], xw[i], d[r][2 * s + i / 4]);
       }
     }
 #pragma unroll
-    for (int r = 0; r < NR; ++r)
+    for (int r = 0; r < NR; ++r) {
+      const int4 *sv = reinterpret_cast<const int4 *>(xs16 + r * sstride + 8 * h);
+      const int4 s0 = sv[0], s1 = sv[1];
+      const int g[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
 #pragma unroll
-      for (int j = 0; j < 8; ++j) isum[r] += int(int8_t(uint8_t(sc[j / 4] >> (8 * (j % 4))))) * d[r][j];
+      for (int j = 0; j < 8; ++j) {
+        isum[r] += int(int8_t(uint8_t(sc[j / 4] >> (8 * (j % 4))))) * (d[r][j] - 32 * g[j]);
+      }
+    }
   }
   uint32_t dwv[1];
   lds_words<1>(wb + 208, dwv);
@@ -1790,69 +1803,70 @@ __global__ void __launch_bounds__(kMvsThreads)
   const int rows = int(set.n_out[m] - r0 < tr ? set.n_out[m] - r0 : tr);
   const size_t rb = set.row_bytes[m];
   const uint8_t *w0 = set.w[m] + size_t(r0) * rb;
-  const uint8_t *w_end = set.w[m] + size_t(set.n_out[m]) * rb;
 
   // Row q's activations at xs + q K, sums at xsum + q K / 32, scales at xdl + q nb, terms of
   // output o at terms + (q tr + o) nbp.
   int8_t *xs = reinterpret_cast<int8_t *>(mvs_sm);
+  constexpr int kGroup = mvs_group<T>();
   int *xsum = reinterpret_cast<int *>(mvs_sm + NR * K);
-  float *xdl = reinterpret_cast<float *>(xsum + NR * (K / 32));
+  float *xdl = reinterpret_cast<float *>(xsum + NR * (K / kGroup));
   float *terms = xdl + (NR * nb + 3) / 4 * 4;
   uint8_t *buf = reinterpret_cast<uint8_t *>(terms + (NR * tr * nbp + 3) / 4 * 4);
   const int pitch = mvs_pitch<T>(sb), ns = (nb + sb - 1) / sb;
 
-  auto stage = [&](int s) {
-    uint8_t *dst = buf + size_t(s % nbuf) * tr * pitch;
-    const int b0 = s * sb, nbs = nb - b0 < sb ? nb - b0 : sb;
-    for (int r = warp; r < rows; r += kMvsThreads / 32) {
-      // The piece's 16-byte chunks, from the one holding its first byte (Q6_K pieces start
-      // 4-byte aligned); the matrix's last chunk may end early, in 4-byte copies.
-      const uint8_t *src = w0 + size_t(r) * rb + size_t(b0) * L::kBytes;
-      const int head = int(reinterpret_cast<uintptr_t>(src) & 15);
-      const uint8_t *g0 = src - head;
+  // Thread tid copies row piece tid / lpr of each slice, its 16-byte chunks tid % lpr,
+  // tid % lpr + lpr, ...: a group of lpr threads reads 16 lpr consecutive bytes of a row. No
+  // chunk runs past the matrix: a piece's chunks end at or before its row's 16-byte aligned
+  // end, and the launcher checks that the matrix ends 16-byte aligned.
+  const int lpr = kMvsThreads / tr, my_r = tid / lpr, my_j = tid % lpr;
+  auto stage = [&](int s, int slot) {
+    if (my_r < rows) {
+      const int b0 = s * sb, nbs = nb - b0 < sb ? nb - b0 : sb;
+      const uint8_t *src = w0 + size_t(my_r) * rb + size_t(b0) * L::kBytes;
+      const int head = T == GgmlType::Q6_K ? int(reinterpret_cast<uintptr_t>(src) & 15) : 0;
+      const uint8_t *g = src - head + 16 * my_j;
+      uint8_t *d = buf + size_t(slot) * tr * pitch + my_r * pitch + 16 * my_j;
       const int nch = (head + nbs * L::kBytes + 15) / 16;
-      for (int c = lane; c < nch; c += 32) {
-        const uint8_t *g = g0 + 16 * c;
-        if (g + 16 <= w_end) {
-          cp_async16(dst + r * pitch + 16 * c, g);
-        } else {
-          for (int k = 0; k < 4 && g + 4 * k < w_end; ++k) cp_async4(dst + r * pitch + 16 * c + 4 * k, g + 4 * k);
-        }
-      }
+      for (int c = my_j; c < nch; c += lpr, g += 16 * lpr, d += 16 * lpr) cp_async16(d, g);
     }
     cp_async_commit();
   };
   const int first = ns < nbuf ? ns : nbuf;
-  for (int s = 0; s < first; ++s) stage(s);  // weights never depend on the kernel before
+  for (int s = 0; s < first; ++s) stage(s, s);  // weights never depend on the kernel before
   dev::pdl_start();
   // The NR rows are consecutive in xq and xd (row strides K and nb), as here.
   for (int i = tid; i < NR * K / 16; i += kMvsThreads) {
     reinterpret_cast<int4 *>(xs)[i] = reinterpret_cast<const int4 *>(xq)[i];
   }
-  for (int j = tid; j < (T == GgmlType::Q6_K ? 0 : NR * K / 32); j += kMvsThreads) {  // Q6_K has no mins
-    const int4 a = reinterpret_cast<const int4 *>(xq)[2 * j], b = reinterpret_cast<const int4 *>(xq)[2 * j + 1];
+  for (int j = tid; j < NR * K / kGroup; j += kMvsThreads) {  // kGroup-element sums
+    const int4 *a = reinterpret_cast<const int4 *>(xq) + j * (kGroup / 16);
     int v = 0;
-    v = __dp4a(a.x, 0x01010101, v), v = __dp4a(a.y, 0x01010101, v), v = __dp4a(a.z, 0x01010101, v);
-    v = __dp4a(a.w, 0x01010101, v), v = __dp4a(b.x, 0x01010101, v), v = __dp4a(b.y, 0x01010101, v);
-    v = __dp4a(b.z, 0x01010101, v), v = __dp4a(b.w, 0x01010101, v);
+#pragma unroll
+    for (int c = 0; c < kGroup / 16; ++c) {
+      const int4 w = a[c];
+      v = __dp4a(w.x, 0x01010101, v), v = __dp4a(w.y, 0x01010101, v), v = __dp4a(w.z, 0x01010101, v);
+      v = __dp4a(w.w, 0x01010101, v);
+    }
     xsum[j] = v;
   }
   for (int b = tid; b < NR * nb; b += kMvsThreads) xdl[b] = xd[b];
 
   const int groups = 32 / tr, row = lane % tr, worker = warp * groups + lane / tr, workers = 4 * groups;
-  int issued = first;
+  int issued = first, slot = 0;
   for (int s = 0; s < ns; ++s) {
     cp_async_wait_upto(issued - s - 1);
     __syncthreads();  // slice s (and, the first time, the activations) visible to every thread
     if (row < rows) {
       const int b0 = s * sb, nbs = nb - b0 < sb ? nb - b0 : sb;
-      const int head = int(reinterpret_cast<uintptr_t>(w0 + size_t(row) * rb + size_t(b0) * L::kBytes) & 15);
-      const uint8_t *base = buf + size_t(s % nbuf) * tr * pitch + row * pitch + head;
+      const int head = T == GgmlType::Q6_K
+                           ? int(reinterpret_cast<uintptr_t>(w0 + size_t(row) * rb + size_t(b0) * L::kBytes) & 15)
+                           : 0;
+      const uint8_t *base = buf + size_t(slot) * tr * pitch + row * pitch + head;
       for (int bi = worker; bi < nbs; bi += workers) {
         const int b = b0 + bi;
         float t[NR];
         if constexpr (T == GgmlType::Q6_K) {
-          mvs_block_q6k<NR>(base + bi * L::kBytes, xs + 256 * b, int(K), xdl + b, nb, t);
+          mvs_block_q6k<NR>(base + bi * L::kBytes, xs + 256 * b, int(K), xsum + 16 * b, int(K / 16), xdl + b, nb, t);
         } else {
           mvs_block<T, NR>(base + bi * L::kBytes, xs + 256 * b, int(K), xsum + 8 * b, int(K / 32), xdl + b, nb, t);
         }
@@ -1861,7 +1875,8 @@ __global__ void __launch_bounds__(kMvsThreads)
       }
     }
     __syncthreads();  // every thread is done with buffer s % nbuf
-    if (issued < ns) stage(issued++);
+    if (issued < ns) stage(issued++, slot);
+    slot = slot + 1 == nbuf ? 0 : slot + 1;
   }
   for (int t = tid; t < NR * tr; t += kMvsThreads) {
     const int q = t / tr, o = t % tr;
@@ -1900,7 +1915,7 @@ MvsShape mvs_shape(int64_t outputs, int64_t nb) {
   } else if (outputs / 16 >= want) {
     sh.tr = 16;
   }
-  if (f_tr == 8 || f_tr == 16 || f_tr == 32) sh.tr = f_tr;
+  if (f_tr == 4 || f_tr == 8 || f_tr == 16 || f_tr == 32) sh.tr = f_tr;
   // About one super-block per thread and slice; the whole row in one slice where it is at
   // most twice that.
   sh.sb = kMvsThreads / sh.tr;
@@ -1953,7 +1968,10 @@ bool launch_mvs(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *
     const int64_t K = ws[0].n_in;
     int64_t outputs = 0, bytes = 0;
     for (int m = 0; m < n_mat; ++m) {
-      if ((reinterpret_cast<uintptr_t>(ws[m].data) & 15) != 0 || ws[m].row_bytes % 4 != 0) return false;
+      if ((reinterpret_cast<uintptr_t>(ws[m].data) & 15) != 0 || ws[m].row_bytes % 4 != 0 ||
+          (ws[m].n_out * int64_t(ws[m].row_bytes)) % 16 != 0) {
+        return false;
+      }
       outputs += ws[m].n_out;
       bytes += ws[m].n_out * int64_t(ws[m].row_bytes);
     }
@@ -2207,14 +2225,16 @@ int kquant_skinny_max_rows() {
 }
 
 namespace {
-// GEIST_CUDA_TAIL_ROWS=T (default 0: off; at most 63): a call of more than 64 rows whose last
-// 64-row tile would hold 1..T rows runs those rows as a call of their own (for T <= 32 the
-// matrix-vector / few-rows kernels), so that they do not pay a whole tile's weight loads:
-// `bench rows` E4B (H200) costs 193 rows as much as 256 (28.6 / 29.4 ms against 21.4 for
-// 192). Rows are independent and every kernel gives the same bits, so the split does not
-// change them. Not yet measured.
+// GEIST_CUDA_TAIL_ROWS=T (default 8; 0: off; at most 63): a call of more than 64 rows whose
+// last 64-row tile would hold 1..T rows runs those rows as a call of their own (the
+// matrix-vector / few-rows kernels), so that they do not pay a whole tile's weight loads.
+// Rows are independent and every kernel gives the same bits, so the split does not change
+// them. `bench rows` E4B (H100, one call), ms per call, off -> 16: 65 16.64 -> 14.14, 72
+// 16.23 -> 15.46, 129 20.60 -> 18.29, 136 20.35 -> 19.96, 193 28.28 -> 22.11, 200 27.26 ->
+// 24.59, 257 32.42 -> 29.63; but a tail of 16 rows costs more alone (80 15.60 -> 16.45, 144
+// 20.18 -> 20.97; 32: 160 19.95 -> 23.60), hence 8.
 int kquant_tail_rows(int n_rows) {
-  static const int v = std::min(env_int("GEIST_CUDA_TAIL_ROWS", 0), 63);
+  static const int v = std::min(env_int("GEIST_CUDA_TAIL_ROWS", 8), 63);
   if (v <= 0 || n_rows <= 64) return 0;
   const int t = n_rows % 64;
   return t <= v ? t : 0;
