@@ -1834,22 +1834,29 @@ __global__ void __launch_bounds__(kMvsThreads)
   const int first = ns < nbuf ? ns : nbuf;
   for (int s = 0; s < first; ++s) stage(s, s);  // weights never depend on the kernel before
   dev::pdl_start();
-  // The NR rows are consecutive in xq and xd (row strides K and nb), as here.
-  for (int i = tid; i < NR * K / 16; i += kMvsThreads) {
-    reinterpret_cast<int4 *>(xs)[i] = reinterpret_cast<const int4 *>(xq)[i];
-  }
-  for (int j = tid; j < NR * K / kGroup; j += kMvsThreads) {  // kGroup-element sums
-    const int4 *a = reinterpret_cast<const int4 *>(xq) + j * (kGroup / 16);
+  // The NR rows are consecutive in xq and xd (row strides K and nb), as here. One pass over
+  // the activations: a thread's 16-byte pieces go to shared memory with their 16-element sums
+  // (for Q4_K / Q5_K two neighbouring lanes add theirs into a 32-element sum; the loop's trip
+  // count is the block's, so every lane takes part in the shuffle).
+  const int n16 = NR * int(K / 16);
+  for (int b = tid; b < NR * nb; b += kMvsThreads) xdl[b] = xd[b];
+#pragma unroll 4
+  for (int i0 = 0; i0 < n16; i0 += kMvsThreads) {
+    const int i = i0 + tid;
     int v = 0;
-#pragma unroll
-    for (int c = 0; c < kGroup / 16; ++c) {
-      const int4 w = a[c];
+    if (i < n16) {
+      const int4 w = reinterpret_cast<const int4 *>(xq)[i];
+      reinterpret_cast<int4 *>(xs)[i] = w;
       v = __dp4a(w.x, 0x01010101, v), v = __dp4a(w.y, 0x01010101, v), v = __dp4a(w.z, 0x01010101, v);
       v = __dp4a(w.w, 0x01010101, v);
     }
-    xsum[j] = v;
+    if constexpr (kGroup == 16) {
+      if (i < n16) xsum[i] = v;
+    } else {
+      v += __shfl_xor_sync(0xFFFFFFFFu, v, 1);  // n16 is even: a pair is in or out together
+      if (i < n16 && i % 2 == 0) xsum[i / 2] = v;
+    }
   }
-  for (int b = tid; b < NR * nb; b += kMvsThreads) xdl[b] = xd[b];
 
   const int groups = 32 / tr, row = lane % tr, worker = warp * groups + lane / tr, workers = 4 * groups;
   int issued = first, slot = 0;
