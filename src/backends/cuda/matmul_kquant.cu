@@ -1805,7 +1805,7 @@ __global__ void __launch_bounds__(32 * W)
   const size_t rb = set.row_bytes[m];
   const uint8_t *w0 = set.w[m] + size_t(r0) * rb;
 
-  // Row q's activations at xs + q K, sums at xsum + q K / 32, scales at xdl + q nb, terms of
+  // Row q's activations at xs + q K, sums at xsum + q K / kGroup, scales at xdl + q nb, terms of
   // output o at terms + (q tr + o) nbp.
   int8_t *xs = reinterpret_cast<int8_t *>(mvs_sm);
   constexpr int kGroup = mvs_group<T>();
