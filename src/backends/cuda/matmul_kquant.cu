@@ -1995,8 +1995,8 @@ bool launch_mvs(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *
     if ((outputs > 65536 && !mvs_head()) || bytes < mvs_min_bytes()) return false;
     const int warps = n_rows == 1 ? mvs_warps() : 4;
     const MvsShape sh = mvs_shape(outputs, K / 256, warps);
-    // Q6_K: every piece must start 4-byte aligned (cp.async copies 4 or 16 bytes), so an
-    // even number of blocks per row and per slice.
+    // Q6_K: every piece must start 4-byte aligned (0, 4, 8 or 12 bytes into its first chunk,
+    // the room mvs_pitch leaves), so an even number of blocks per row and per slice.
     if (T == GgmlType::Q6_K && ((K / 256) % 2 != 0 || (sh.sb % 2 != 0 && sh.sb < K / 256))) return false;
     // Above 48 KiB the kernel is allowed the device's whole opt-in limit, once: the shapes
     // differ from call to call, and an attribute set to the first call's size would fail
