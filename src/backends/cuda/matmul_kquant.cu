@@ -1578,12 +1578,12 @@ void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float 
 // Decode's matrix-vector product for Q4_K, Q5_K and Q6_K. The other kernels give a super-block to
 // 8 lanes (or to a 16-output MMA fragment) and pay for it in shuffles, per-lane scale
 // unpacking and dependent loads; ncu had them waiting on global loads with ~10 warps per SM.
-// Here a block of W warps (4; 10 with GEIST_CUDA_MVS_WARPS=10) takes TR outputs (8, 16 or
-// 32) and walks K in slices of SB super-blocks: each slice's TR row pieces are copied into
-// shared memory with cp.async in coalesced 16-byte chunks (NBUF buffers, all of them
-// requested before pdl_start, so the first weights stream in while the kernel before
-// finishes), then every lane computes whole super-blocks of one output: output = lane % TR,
-// and the 32 / TR lane groups of the W warps split the slice's super-blocks. A lane reads its block's scales once for 256 elements and
+// Here a block of 4 warps takes TR outputs (8, 16 or 32) and walks K in slices of SB
+// super-blocks: each slice's TR row pieces are copied into shared memory with cp.async in
+// coalesced 16-byte chunks (NBUF buffers, all of them requested before pdl_start, so the
+// first weights stream in while the kernel before finishes), then every lane computes whole
+// super-blocks of one output: output = lane % TR, and the 32 / TR lane groups of the 4 warps
+// split the slice's super-blocks. A lane reads its block's scales once for 256 elements and
 // needs no shuffle; the activations of a super-block are one broadcast read of shared memory
 // for the lanes of a group, and their 32-element sums are made once per block of threads.
 // A row piece's pitch is an odd number of 16-byte chunks, so the 8 lanes of an LDS.128 phase
@@ -1789,11 +1789,10 @@ __device__ __forceinline__ void cp_async_wait_upto(int pending) {
 
 // set.first[m]: tiles of TR outputs before matrix m. Every row pointer is 16-byte aligned
 // (the launcher checks), as are xq and the row pieces (Q4_K / Q5_K blocks are 144 / 176 bytes).
-template <GgmlType T, int NR, int W = kMvsThreads / 32>
-__global__ void __launch_bounds__(32 * W)
+template <GgmlType T, int NR>
+__global__ void __launch_bounds__(kMvsThreads)
     mvs_kernel(MvSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd, MvsShape sh) {
   using L = KQ<T>;
-  constexpr int kThreads = 32 * W;
   extern __shared__ __align__(16) uint8_t mvs_sm[];
   const int nb = int(K / 256), nbp = nb | 1, tr = sh.tr, sb = sh.sb, nbuf = sh.nbuf;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -1819,7 +1818,7 @@ __global__ void __launch_bounds__(32 * W)
   // tid % lpr + lpr, ...: a group of lpr threads reads 16 lpr consecutive bytes of a row. No
   // chunk runs past the matrix: a piece's chunks end at or before its row's 16-byte aligned
   // end, and the launcher checks that the matrix ends 16-byte aligned.
-  const int lpr = kThreads / tr, my_r = tid / lpr, my_j = tid % lpr;
+  const int lpr = kMvsThreads / tr, my_r = tid / lpr, my_j = tid % lpr;
   auto stage = [&](int s, int slot) {
     if (my_r < rows) {
       const int b0 = s * sb, nbs = nb - b0 < sb ? nb - b0 : sb;
@@ -1840,9 +1839,9 @@ __global__ void __launch_bounds__(32 * W)
   // (for Q4_K / Q5_K two neighbouring lanes add theirs into a 32-element sum; the loop's trip
   // count is the block's, so every lane takes part in the shuffle).
   const int n16 = NR * int(K / 16);
-  for (int b = tid; b < NR * nb; b += kThreads) xdl[b] = xd[b];
+  for (int b = tid; b < NR * nb; b += kMvsThreads) xdl[b] = xd[b];
 #pragma unroll 4
-  for (int i0 = 0; i0 < n16; i0 += kThreads) {
+  for (int i0 = 0; i0 < n16; i0 += kMvsThreads) {
     const int i = i0 + tid;
     int v = 0;
     if (i < n16) {
@@ -1859,7 +1858,7 @@ __global__ void __launch_bounds__(32 * W)
     }
   }
 
-  const int groups = 32 / tr, row = lane % tr, worker = warp * groups + lane / tr, workers = W * groups;
+  const int groups = 32 / tr, row = lane % tr, worker = warp * groups + lane / tr, workers = 4 * groups;
   int issued = first, slot = 0;
   for (int s = 0; s < ns; ++s) {
     cp_async_wait_upto(issued - s - 1);
@@ -1886,7 +1885,7 @@ __global__ void __launch_bounds__(32 * W)
     if (issued < ns) stage(issued++, slot);
     slot = slot + 1 == nbuf ? 0 : slot + 1;
   }
-  for (int t = tid; t < NR * tr; t += kThreads) {
+  for (int t = tid; t < NR * tr; t += kMvsThreads) {
     const int q = t / tr, o = t % tr;
     if (o < rows) {
       float acc = 0.0f;
@@ -1910,16 +1909,7 @@ bool mvs_q6k() {
   return v;
 }
 
-// GEIST_CUDA_MVS_WARPS=10 (default 4): one-row calls take blocks of 10 warps, about one
-// super-block per thread with the whole row piece in one slice (E4B's K = 2560 and 10240 are
-// 10 and 40 super-blocks). A knob to measure (more loads in flight per output: the 4-warp
-// blocks are latency-bound, ncu); written after the device time ran out, not yet run on a GPU.
-int mvs_warps() {
-  static const int v = env_int("GEIST_CUDA_MVS_WARPS", 4) == 10 ? 10 : 4;
-  return v;
-}
-
-MvsShape mvs_shape(int64_t outputs, int64_t nb, int warps) {
+MvsShape mvs_shape(int64_t outputs, int64_t nb) {
   static const int f_tr = env_int("GEIST_CUDA_MVS_TR", 0), f_sb = env_int("GEIST_CUDA_MVS_SB", 0),
                    f_nbuf = env_int("GEIST_CUDA_MVS_NBUF", 0);
   // The most outputs per block that still give ~4 blocks per SM (H200, one row: E4B gate
@@ -1935,7 +1925,7 @@ MvsShape mvs_shape(int64_t outputs, int64_t nb, int warps) {
   if (f_tr == 4 || f_tr == 8 || f_tr == 16 || f_tr == 32) sh.tr = f_tr;
   // About one super-block per thread and slice; the whole row in one slice where it is at
   // most twice that.
-  sh.sb = 32 * warps / sh.tr;
+  sh.sb = kMvsThreads / sh.tr;
   if (nb <= 2 * sh.sb) {
     sh.sb = int(nb);
     sh.nbuf = 1;
@@ -1993,8 +1983,7 @@ bool launch_mvs(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *
       bytes += ws[m].n_out * int64_t(ws[m].row_bytes);
     }
     if ((outputs > 65536 && !mvs_head()) || bytes < mvs_min_bytes()) return false;
-    const int warps = n_rows == 1 ? mvs_warps() : 4;
-    const MvsShape sh = mvs_shape(outputs, K / 256, warps);
+    const MvsShape sh = mvs_shape(outputs, K / 256);
     // Q6_K: every piece must start 4-byte aligned (0, 4, 8 or 12 bytes into its first chunk,
     // the room mvs_pitch leaves), so an even number of blocks per row and per slice.
     if (T == GgmlType::Q6_K && ((K / 256) % 2 != 0 || (sh.sb % 2 != 0 && sh.sb < K / 256))) return false;
@@ -2017,12 +2006,12 @@ bool launch_mvs(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *
         set.n_out[m] = ws[m].n_out;
         set.first[m + 1] = set.first[m] + (ws[m].n_out + sh.tr - 1) / sh.tr;
       }
-      launch_smem(kernel, dim3(unsigned(set.first[n_mat])), dim3(32 * warps), smem, s, set, K, xq, xd, sh);
+      launch_smem(kernel, dim3(unsigned(set.first[n_mat])), dim3(kMvsThreads), smem, s, set, K, xq, xd, sh);
       ok = true;
     };
-    static std::atomic<uint64_t> done[5];
+    static std::atomic<uint64_t> done[4];
     switch (n_rows) {
-      case 1: warps == 10 ? go(mvs_kernel<T, 1, 10>, done[4]) : go(mvs_kernel<T, 1>, done[0]); break;
+      case 1: go(mvs_kernel<T, 1>, done[0]); break;
       case 2: go(mvs_kernel<T, 2>, done[1]); break;
       case 3: go(mvs_kernel<T, 3>, done[2]); break;
       default: go(mvs_kernel<T, 4>, done[3]); break;
