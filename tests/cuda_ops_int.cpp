@@ -1690,6 +1690,12 @@ CUDA_TEST(CudaOps, DISABLED_PerfDecode) {
     std::printf("PERF decode %-12s %-5s %5lldx%-6lld x%d  copy %7.2f us %7.1f GB/s\n", sh.what, quant::type_name(sh.t),
                 (long long)sh.k, (long long)sh.n, sh.n_mat, 1e3 * copy_ms / kCalls,
                 2.0 * per_call * kCalls / (copy_ms * 1e6));
+    DevBuf sink(16);
+    const double read_ms = time_graph([&] {
+      for (int c = 0; c < kCalls; ++c) (void)cu::read_probe(dw.as<uint8_t>() + size_t(c) * per_call, per_call, sink.as<unsigned>(), s);
+    });
+    std::printf("PERF decode %-12s %-5s %5lldx%-6lld x%d  read %7.2f us %7.1f GB/s\n", sh.what, quant::type_name(sh.t),
+                (long long)sh.k, (long long)sh.n, sh.n_mat, 1e3 * read_ms / kCalls, double(per_call) * kCalls / (read_ms * 1e6));
     const cu::DevMatrix m0 = dev_matrix(dw, sh.t, sh.k, sh.n);
     DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m0, 8)));
     for (int rows : {1, 2, 4, 8}) {

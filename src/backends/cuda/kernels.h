@@ -71,6 +71,9 @@ Status download(void *dst_host, const void *src_dev, size_t bytes);
 Status upload_async(void *dst_dev, const void *src_host, size_t bytes, CudaStream s);
 Status download_async(void *dst_host, const void *src_dev, size_t bytes, CudaStream s);
 Status copy_async(void *dst_dev, const void *src_dev, size_t bytes, CudaStream s);
+// Reads bytes at p (16-byte aligned, a multiple of 16) and discards them (sink: one word
+// it writes only by a one-in-2^32 chance): the device's read rate, a copy's other half.
+Status read_probe(const void *p, size_t bytes, unsigned *sink, CudaStream s);
 Status memset_async(void *dst_dev, int value, size_t bytes, CudaStream s);
 
 // A non-blocking stream of the current device.
