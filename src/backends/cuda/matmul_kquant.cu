@@ -1948,7 +1948,10 @@ MvsShape mvs_shape(int64_t outputs, int64_t nb) {
 }
 
 // Where the kernel runs by default: calls of at least GEIST_CUDA_MVS_MIN_KIB of weights
-// (default 4096) and at most 65536 outputs (GEIST_CUDA_MVS_HEAD=1: more too). Measured on the
+// (default 4096), the output head included (GEIST_CUDA_MVS_HEAD=0: at most 65536 outputs, the
+// head left to mvmma). The head on this kernel since the copies prefetch 256 bytes (H100,
+// 2026-12-06, E4B tg128 alternated in one call: 319.4 / 318.1 / 319.4 against 316.4 / 314.4 /
+// 316.3 with it on mvmma; in the call before 319.9 / 316.2 against 313.8 / 316.2). Before, on the
 // H200 (tg128, one call, 2026-12-05): E4B 263.5 t/s with the kernel off, 267.7 on for every
 // K-quant call, 273.3 with the output head (Q6_K 2560 x 262144) left to mvmma; Gemma 3 270M
 // 863.0 off, 841.0 on (its Q4_K/Q6_K matrices have 640 outputs and under 1 MiB: 80 blocks of
@@ -1957,7 +1960,7 @@ MvsShape mvs_shape(int64_t outputs, int64_t nb) {
 // the 1-3 MB attention matrices within +-0.5 us either way (q 4.5 -> 4.6, o 3.9 -> 4.2,
 // k 3.9 -> 3.8, v 4.7 -> 4.3).
 bool mvs_head() {
-  static const bool v = env_int("GEIST_CUDA_MVS_HEAD", 0) != 0;
+  static const bool v = env_int("GEIST_CUDA_MVS_HEAD", 1) != 0;
   return v;
 }
 int64_t mvs_min_bytes() {
