@@ -586,9 +586,9 @@ Status gelu_mul_cols(float *gate, int64_t width, const float *src, int64_t src_s
   return launch_status("cuda::gelu_mul_cols");
 }
 
-// Each thread reads 4 consecutive-by-grid 16-byte pieces (all four loads issued before any
-// is used) and folds them into one word; nothing is written unless the fold hits a fixed
-// value, so only the reads cost.
+// Block b reads the 1024 16-byte pieces [1024 b, 1024 b + 1024), thread t pieces t, t + 256,
+// t + 512, t + 768 (all four loads issued before any is used), folded into one word; nothing
+// is written unless the fold hits a fixed value, so only the reads cost.
 __global__ void __launch_bounds__(256) read_probe_kernel(const uint4 *__restrict__ p, int64_t n16, unsigned *sink) {
   const int64_t i0 = int64_t(blockIdx.x) * 1024 + threadIdx.x;
   uint4 v[4];
