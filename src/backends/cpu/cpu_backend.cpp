@@ -129,8 +129,10 @@ class CpuKvStore final : public KvStore {
         store_row(type_v(), v + size_t(r) * size_t(rf), rf, R.v + s * bv);
       }
     };
+    // Rows take distinct slots (a ring holds at least a chunk: KvStore's capacity), so runs
+    // of them never write the same bytes; serially otherwise, where the last row must win.
     constexpr int kPoolRows = 16;
-    if (n_rows < kPoolRows || pool.n_threads() <= 1) return rows(0, n_rows);
+    if (n_rows < kPoolRows || pool.n_threads() <= 1 || n_rows > R.cap) return rows(0, n_rows);
     const int per = std::max(kPoolRows / 2, (n_rows + pool.n_threads() - 1) / pool.n_threads());
     pool.run((n_rows + per - 1) / per, [&](int t, int) { rows(t * per, std::min(n_rows, (t + 1) * per)); });
   }
