@@ -1698,9 +1698,8 @@ CUDA_TEST(CudaOps, DISABLED_PerfDecode) {
                 (long long)sh.k, (long long)sh.n, sh.n_mat, 1e3 * read_ms / kCalls, double(per_call) * kCalls / (read_ms * 1e6));
     const cu::DevMatrix m0 = dev_matrix(dw, sh.t, sh.k, sh.n);
     DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m0, 8)));
-    // One row once more, every call on the same copy: from L2 where the matrix fits (E4B's
-    // gate+up, 29.5 MB, does on an H100), what the kernel takes when DRAM is not what it waits on.
-    auto one_row = [&](int copy) {
+    // One call of `rows` rows on weight copy `copy` (each matrix of the call its own copy).
+    auto call = [&](int copy, int rows) {
       cu::DevMatrix ms_[2];
       float *ys[2];
       for (int j = 0; j < sh.n_mat; ++j) {
@@ -1708,25 +1707,18 @@ CUDA_TEST(CudaOps, DISABLED_PerfDecode) {
         ms_[j].data += size_t(copy * sh.n_mat + j) * w1.size();
         ys[j] = dy.as<float>() + size_t(j) * 8 * sh.n;
       }
-      (void)cu::matmul_n(ms_, ys, sh.n_mat, dx.as<float>(), 1, cu::ActMode::Q8, scratch.as(), s);
+      (void)cu::matmul_n(ms_, ys, sh.n_mat, dx.as<float>(), rows, cu::ActMode::Q8, scratch.as(), s);
     };
+    // One row once more, every call on the same copy: from L2 where the matrix fits (E4B's
+    // gate+up, 29.5 MB, does on an H100), what the kernel takes when DRAM is not what it waits on.
     const double warm_ms = time_graph([&] {
-      for (int c = 0; c < kCalls; ++c) one_row(0);
+      for (int c = 0; c < kCalls; ++c) call(0, 1);
     });
     std::printf("PERF decode %-12s %-5s rows 1 one copy: %7.2f us/call\n", sh.what, quant::type_name(sh.t),
                 1e3 * warm_ms / kCalls);
     for (int rows : {1, 2, 4, 8}) {
       const double ms = time_graph([&] {
-        for (int c = 0; c < kCalls; ++c) {
-          cu::DevMatrix ms_[2];
-          float *ys[2];
-          for (int j = 0; j < sh.n_mat; ++j) {
-            ms_[j] = m0;
-            ms_[j].data += size_t(c * sh.n_mat + j) * w1.size();
-            ys[j] = dy.as<float>() + size_t(j) * 8 * sh.n;
-          }
-          (void)cu::matmul_n(ms_, ys, sh.n_mat, dx.as<float>(), rows, cu::ActMode::Q8, scratch.as(), s);
-        }
+        for (int c = 0; c < kCalls; ++c) call(c, rows);
       });
       std::printf("PERF decode %-12s %-5s rows %d: %7.2f us/call %7.1f GB/s weights\n", sh.what, quant::type_name(sh.t),
                   rows, 1e3 * ms / kCalls, double(per_call) * kCalls / (ms * 1e6));
