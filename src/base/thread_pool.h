@@ -21,6 +21,7 @@
 // descheduled thread.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -74,5 +75,19 @@ class ThreadPool {
   std::atomic<uint32_t> generation_{0};  // futex word the workers sleep on; +1 per job
   std::atomic<bool> stop_{false};
 };
+
+// Splits [0, n) into about 4 ranges per thread of the pool (at least `grain` items each) and
+// runs fn(begin, end) on each; one range runs on the caller.
+template <class Fn>
+void parallel_ranges(int64_t n, int64_t grain, ThreadPool &pool, Fn fn) {
+  const int64_t want = int64_t(pool.n_threads()) * 4;
+  const int64_t per = std::max<int64_t>(grain, (n + want - 1) / want);
+  const int tasks = static_cast<int>((n + per - 1) / per);
+  if (tasks <= 1) {
+    fn(int64_t(0), n);
+    return;
+  }
+  pool.run(tasks, [&](int t, int) { fn(t * per, std::min(n, (t + 1) * per)); });
+}
 
 }  // namespace geist

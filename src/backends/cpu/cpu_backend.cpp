@@ -122,8 +122,8 @@ class CpuKvStore final : public KvStore {
     const int64_t rf = spec(l).row_floats;
     const Ring &R = main_[l];
     const size_t bk = row_bytes_k(l), bv = row_bytes_v(l);
-    const auto rows = [&](int r0, int r1) {
-      for (int r = r0; r < r1; ++r) {
+    const auto rows = [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
         const size_t s = size_t((pos0 + r) % R.cap);
         store_row(type_k(), k + size_t(r) * size_t(rf), rf, R.k + s * bk);
         store_row(type_v(), v + size_t(r) * size_t(rf), rf, R.v + s * bv);
@@ -132,9 +132,8 @@ class CpuKvStore final : public KvStore {
     // Rows take distinct slots (a ring holds at least a chunk: KvStore's capacity), so runs
     // of them never write the same bytes; serially otherwise, where the last row must win.
     constexpr int kPoolRows = 16;
-    if (n_rows < kPoolRows || pool.n_threads() <= 1 || n_rows > R.cap) return rows(0, n_rows);
-    const int per = std::max(kPoolRows / 2, (n_rows + pool.n_threads() - 1) / pool.n_threads());
-    pool.run((n_rows + per - 1) / per, [&](int t, int) { rows(t * per, std::min(n_rows, (t + 1) * per)); });
+    if (n_rows < kPoolRows || n_rows > R.cap) return rows(0, n_rows);
+    parallel_ranges(n_rows, kPoolRows / 2, pool, rows);
   }
 
  private:

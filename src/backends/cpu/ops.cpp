@@ -469,22 +469,6 @@ void gelu_mul(const float *gate, const float *up, float *out, int64_t n) {
   }
 }
 
-namespace {
-// Splits [0, n) into about 4 ranges per thread (at least `grain` items each) and runs fn
-// on each; fn(begin, end).
-template <class Fn>
-void parallel_ranges(int64_t n, int64_t grain, ThreadPool &pool, Fn fn) {
-  const int64_t want = int64_t(pool.n_threads()) * 4;
-  const int64_t per = std::max<int64_t>(grain, (n + want - 1) / want);
-  const int tasks = static_cast<int>((n + per - 1) / per);
-  if (tasks <= 1) {
-    fn(int64_t(0), n);
-    return;
-  }
-  pool.run(tasks, [&](int t, int) { fn(t * per, std::min(n, (t + 1) * per)); });
-}
-}  // namespace
-
 void gelu_mul(const float *gate, const float *up, float *out, int64_t n, ThreadPool &pool) {
   const TierKernels *tk = tier_kernels(active_isa());
   auto fn = tk && tk->gelu_mul ? tk->gelu_mul : nullptr;
