@@ -344,6 +344,36 @@ CUDA_TEST(CudaOps, MatmulEveryTypeBitExact) {
   }
 }
 
+// The prefill tile kernel on a matrix as wide as E4B's down and o projections (2560 outputs,
+// 40 column blocks), where 64-row blocks fill one wave and a bit of the next from ~400 rows and
+// the launch takes blocks of up to 96 rows, the rows split evenly (wtile_wide_rows): 200, 256,
+// 448 and 512 rows, bit-exact against the CPU oracle. ctest runs it again with
+// GEIST_CUDA_WTILE=12, where every tile-kernel call takes the wide blocks.
+CUDA_TEST(CudaOps, MatmulWideBlocksBitExact) {
+  REQUIRE_CUDA();
+  ThreadPool pool(4);
+  std::mt19937 rng(2560);
+  ActModeScope scope(cpu::ActivationMode::Q8);
+  const int64_t k = 512, n_out = 2560;
+  const int rows = 512;
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q3_K}) {
+    SCOPED_TRACE(quant::type_name(t));
+    const std::vector<uint8_t> w = random_matrix(t, k, n_out, rng);
+    const std::vector<float> x = random_acts(rows, k, rng);
+    std::vector<float> want(size_t(rows) * n_out);
+    cpu::matmul_generic(view_of(w, t, k, n_out), x.data(), want.data(), rows, pool);
+    DevBuf dw(w), dx(x), dy(want.size() * 4);
+    const cu::DevMatrix m = dev_matrix(dw, t, k, n_out);
+    DevBuf scratch(std::max<size_t>(1, cu::matmul_scratch_bytes(m, rows)));
+    for (int n : {200, 256, 448, 512}) {
+      CU_OK(cu::memset_async(dy.as(), 0xFF, want.size() * 4, cuda_env().s));
+      CU_OK(cu::matmul(m, dx.as<float>(), dy.as<float>(), n, cu::ActMode::Q8, scratch.as(), cuda_env().s));
+      const std::vector<float> got = dy.get<float>(size_t(n) * n_out);
+      ASSERT_TRUE(bits_equal(got.data(), want.data(), got.size())) << "n_rows " << n;
+    }
+  }
+}
+
 // The K-quant matrix-vector kernels with several warps per output (matrices with few
 // outputs; long rows: 13, 14, 40 and 130 super-blocks, the last past the dp4a kernel's split
 // limit of 128 and past the tensor-core kernel's shared memory) and 1-32 rows, as a single

@@ -1315,11 +1315,12 @@ using dev::cp_async4;
 using dev::cp_async_commit;
 using dev::cp_async_wait_all;
 
-// One block's 64 outputs (column block bx) x 8 NT rows (row tile blockIdx.y) of one matrix.
+// One block's 64 outputs (column block bx) x rpb rows (rows blockIdx.y * rpb on; rpb a
+// multiple of 8, at most 8 NT) of one matrix.
 template <GgmlType T, int NT>
 __device__ __forceinline__ void wtile_block(int64_t bx, const uint8_t *__restrict__ w, size_t row_bytes, int64_t K,
                                             int64_t n_out, const int8_t *__restrict__ xq, const float *__restrict__ xd,
-                                            float *__restrict__ y, int n_rows) {
+                                            float *__restrict__ y, int n_rows, int rpb) {
   using L = KQ<T>;
   constexpr int kNSub = 256 / L::kSub, kS = kWtStride<T>, kTok = 8 * NT, kThreads = kWtWarps * 32;
   constexpr bool kMin = L::kDminOff >= 0;
@@ -1331,7 +1332,8 @@ __device__ __forceinline__ void wtile_block(int64_t bx, const uint8_t *__restric
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tq = lane % 4;
   const int64_t n0 = bx * (16 * kWtWarps) + 16 * warp;
-  const int r0 = blockIdx.y * kTok, rows = n_rows - r0 < kTok ? n_rows - r0 : kTok;
+  const int r0 = int(blockIdx.y) * rpb, rows = n_rows - r0 < rpb ? n_rows - r0 : rpb;
+  const int live = (rows + 7) / 8;  // the 8-row tiles that hold rows: only theirs are staged
   const int nb = int(K / 256);
   // Outputs past the end read the last row and are not stored; rows past the end copy the
   // last row (their columns are computed and dropped).
@@ -1347,11 +1349,11 @@ __device__ __forceinline__ void wtile_block(int64_t bx, const uint8_t *__restric
   // Block b's activation rows and their scales into buffer b & 1, by cp.async.
   auto issue = [&](int b) {
     int8_t *dst = xs + (b & 1) * kTok * kS;
-    for (int u = tid; u < kTok * 16; u += kThreads) {
+    for (int u = tid; u < live * 8 * 16; u += kThreads) {
       const int r = u / 16, c = u % 16;
       cp_async16(dst + r * kS + 16 * c, xq + size_t(r0 + (r < rows ? r : rows - 1)) * K + size_t(b) * 256 + 16 * c);
     }
-    if (tid < kTok) cp_async4(xds + (b & 1) * kTok + tid, xd + size_t(r0 + (tid < rows ? tid : rows - 1)) * nb + b);
+    if (tid < live * 8) cp_async4(xds + (b & 1) * kTok + tid, xd + size_t(r0 + (tid < rows ? tid : rows - 1)) * nb + b);
     cp_async_commit();
   };
   issue(0);
@@ -1447,7 +1449,7 @@ __device__ __forceinline__ void wtile_block(int64_t bx, const uint8_t *__restric
     if (b + 1 < nb) mm_load<T>(w0 + size_t(b + 1) * L::kBytes, w1 + size_t(b + 1) * L::kBytes, tq, ahead);
     const int8_t *xb = xs + (b & 1) * kTok * kS;
     if constexpr (kMin) {
-      for (int u = tid; u < kTok * kNSub; u += kThreads) {
+      for (int u = tid; u < live * 8 * kNSub; u += kThreads) {
         const int r = u / kNSub, j = u % kNSub;
         const int *p = reinterpret_cast<const int *>(xb + r * kS + j * L::kSub);
         int s = 0;
@@ -1479,8 +1481,8 @@ template <GgmlType T, int NT>
 __global__ void __launch_bounds__(kWtWarps * 32, 2)
     matmul_wtile_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
                         const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y,
-                        int n_rows) {
-  wtile_block<T, NT>(blockIdx.x, w, row_bytes, K, n_out, xq, xd, y, n_rows);
+                        int n_rows, int rpb) {
+  wtile_block<T, NT>(blockIdx.x, w, row_bytes, K, n_out, xq, xd, y, n_rows, rpb);
 }
 
 // Several matrices sharing the quantized activations (q, k and v; gate and up) in one
@@ -1507,9 +1509,9 @@ __global__ void __launch_bounds__(kWtWarps * 32, 2)
   while (m + 1 < set.n && int64_t(blockIdx.x) >= set.first[m + 1]) ++m;
   const int64_t bx = int64_t(blockIdx.x) - set.first[m];
   if (T0 == T1 || !set.alt[m]) {
-    wtile_block<T0, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], n_rows);
+    wtile_block<T0, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], n_rows, 8 * NT);
   } else {
-    wtile_block<T1, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], n_rows);
+    wtile_block<T1, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], n_rows, 8 * NT);
   }
 }
 
@@ -1520,15 +1522,57 @@ size_t wtile_smem() {
 }
 
 // GEIST_CUDA_WTILE: 0 keeps matmul_mma_kernel for prefill, 4 or 8 picks the 8-row tiles per
-// block of matmul_wtile_kernel (default 8). A knob to compare; the bits are the same.
+// block of matmul_wtile_kernel (default 8), 12 the wide blocks below for every call that can
+// take them. A knob to compare; the bits are the same.
 int wtile_nt() {
   static const int v = [] {
     const char *e = std::getenv("GEIST_CUDA_WTILE");
     if (e == nullptr || *e == '\0') return 8;
     const int n = std::atoi(e);
-    return n == 0 || n == 4 || n == 8 ? n : 8;
+    return n == 0 || n == 4 || n == 8 || n == 12 ? n : 8;
   }();
   return v;
+}
+
+// Wide blocks: up to 12 tiles (96 rows) per block, for a grid whose 64-row blocks would fill
+// one wave and a bit of the next. The kernel's registers allow two blocks per SM, so E4B's
+// 2560-output matrices (down, o) at 512 rows are 320 blocks of 64 rows for 264 slots: a full
+// wave, then 56 blocks on 56 SMs while the others idle. As 6 blocks of 88 rows per column
+// they are 240 blocks in one wave. The rows of a column are split evenly (multiples of 8):
+// rows are independent and every tile runs the same code, so the bits do not change.
+// GEIST_CUDA_WTILE12=0: never (a knob to compare).
+bool wtile12_enabled() {
+  static const bool v = env_int("GEIST_CUDA_WTILE12", 1) != 0;
+  return v;
+}
+
+// Rows per block for nrb blocks over n_rows rows: the 8-row tiles split evenly.
+int wtile_even_rows(int n_rows, int nrb) {
+  const int tiles = (n_rows + 7) / 8;
+  return 8 * ((tiles + nrb - 1) / nrb);
+}
+
+// The modelled time of a grid of cols x ceil(n_rows / rpb) blocks: waves of two blocks per SM
+// (a last wave of at most one block per SM counted as 0.6 of one: those blocks have an SM to
+// themselves), each as long as a block's 8-row tiles plus 3 tiles' worth of fixed cost (the
+// weights' loads and unpacking, paid per block). It reproduces what was measured on the
+// H200 / H100 (E4B down at 512 rows: 64-row blocks 272 us, 32-row 278; 33-192 rows: 32-row
+// blocks faster where the 64-row grid is under two blocks per SM).
+double wtile_cost(int64_t cols, int n_rows, int rpb) {
+  const int64_t sms = device_sm_count(), slots = 2 * sms;
+  const int64_t blocks = cols * ((n_rows + rpb - 1) / rpb);
+  const int64_t full = blocks / slots, rem = blocks % slots;
+  const double waves = double(full) + (rem == 0 ? 0.0 : rem <= sms ? 0.6 : 1.0);
+  return waves * (3.0 + rpb / 8.0);
+}
+
+// The wide blocks' rows per block for this grid, or 0 where the blocks of alt_rows rows it would
+// otherwise take (32 or 64) are modelled within 10 % of them (or the knobs say so).
+int wtile_wide_rows(int64_t cols, int n_rows, int alt_rows) {
+  if (wtile_nt() == 12) return wtile_even_rows(n_rows, (n_rows + 95) / 96);
+  if (wtile_nt() != 8 || !wtile12_enabled() || n_rows <= 64) return 0;
+  const int rpb = wtile_even_rows(n_rows, (n_rows + 95) / 96);
+  return wtile_cost(cols, n_rows, rpb) < 0.9 * wtile_cost(cols, n_rows, alt_rows) ? rpb : 0;
 }
 
 // Up to this many rows the 8-tile default takes blocks of 4 tiles (32 rows) instead: twice
@@ -1562,16 +1606,28 @@ bool wtile_nt4(int64_t cols, int n_rows) {
 
 template <GgmlType T>
 void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s) {
-  auto go = [&](auto kernel, int nt) {
-    const size_t smem = nt == 4 ? wtile_smem<T, 4>() : wtile_smem<T, 8>();
-    const dim3 grid(unsigned((wm.n_out + 16 * kWtWarps - 1) / (16 * kWtWarps)), unsigned((n_rows + 8 * nt - 1) / (8 * nt)));
-    launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, wm.data, wm.row_bytes, wm.n_in, wm.n_out, xq, xd, y, n_rows);
+  const int64_t cols = (wm.n_out + 16 * kWtWarps - 1) / (16 * kWtWarps);
+  auto go = [&](auto kernel, size_t smem, int rpb) {
+    const dim3 grid(unsigned(cols), unsigned((n_rows + rpb - 1) / rpb));
+    launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, wm.data, wm.row_bytes, wm.n_in, wm.n_out, xq, xd, y, n_rows,
+                rpb);
   };
-  const bool nt4 = wtile_nt4((wm.n_out + 16 * kWtWarps - 1) / (16 * kWtWarps), n_rows);
+  // The wide blocks for the types Q4_K_M and Q5_K_M are made of (their shared memory is over
+  // the default 48 KiB: where the opt-in fails, 64-row blocks).
+  const bool nt4 = wtile_nt4(cols, n_rows);
+  if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K || T == GgmlType::Q6_K) {
+    if (const int rpb = wtile_wide_rows(cols, n_rows, nt4 ? 32 : 64); rpb > 0) {
+      static std::atomic<uint64_t> done{0};
+      if (allow_dynamic_smem(matmul_wtile_kernel<T, 12>, wtile_smem<T, 12>(), done)) {
+        go(matmul_wtile_kernel<T, 12>, wtile_smem<T, 12>(), rpb);
+        return;
+      }
+    }
+  }
   if (nt4) {
-    go(matmul_wtile_kernel<T, 4>, 4);
+    go(matmul_wtile_kernel<T, 4>, wtile_smem<T, 4>(), 32);
   } else {
-    go(matmul_wtile_kernel<T, 8>, 8);
+    go(matmul_wtile_kernel<T, 8>, wtile_smem<T, 8>(), 64);
   }
 }
 
