@@ -1504,14 +1504,14 @@ struct WtSet {
 template <GgmlType T0, GgmlType T1, int NT>
 __global__ void __launch_bounds__(kWtWarps * 32, 2)
     matmul_wtile_set_kernel(WtSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd,
-                            int n_rows) {
+                            int n_rows, int rpb) {
   int m = 0;
   while (m + 1 < set.n && int64_t(blockIdx.x) >= set.first[m + 1]) ++m;
   const int64_t bx = int64_t(blockIdx.x) - set.first[m];
   if (T0 == T1 || !set.alt[m]) {
-    wtile_block<T0, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], n_rows, 8 * NT);
+    wtile_block<T0, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], n_rows, rpb);
   } else {
-    wtile_block<T1, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], n_rows, 8 * NT);
+    wtile_block<T1, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], n_rows, rpb);
   }
 }
 
@@ -1553,26 +1553,33 @@ int wtile_even_rows(int n_rows, int nrb) {
 }
 
 // The modelled time of a grid of cols x ceil(n_rows / rpb) blocks: waves of two blocks per SM
-// (a last wave of at most one block per SM counted as 0.6 of one: those blocks have an SM to
-// themselves), each as long as a block's 8-row tiles plus 3 tiles' worth of fixed cost (the
-// weights' loads and unpacking, paid per block). It reproduces what was measured on the
-// H200 / H100 (E4B down at 512 rows: 64-row blocks 272 us, 32-row 278; 33-192 rows: 32-row
-// blocks faster where the 64-row grid is under two blocks per SM).
+// (a last wave of at most one block per SM counted as 0.75 of one, GEIST_CUDA_WTILE_LONE=75:
+// those blocks have an SM to themselves), each as long as a block's 8-row tiles plus 3 tiles'
+// worth of fixed cost (the weights' loads and unpacking, paid per block). Fitted to what was
+// measured on the H100 (`bench rows` E4B): 64-row blocks 272 us and 32-row 278 for E4B's down
+// at 512 rows; blocks of 56-64 rows alone on their SMs slower than 32-row blocks two to an SM
+// at 97-136 rows (so the lone factor is above 0.7); 88-row blocks alone faster than 1.2 waves
+// of 32-row blocks at 256 rows (below 1).
 double wtile_cost(int64_t cols, int n_rows, int rpb) {
+  static const double lone = std::min(env_int("GEIST_CUDA_WTILE_LONE", 75), 100) / 100.0;
   const int64_t sms = device_sm_count(), slots = 2 * sms;
   const int64_t blocks = cols * ((n_rows + rpb - 1) / rpb);
   const int64_t full = blocks / slots, rem = blocks % slots;
-  const double waves = double(full) + (rem == 0 ? 0.0 : rem <= sms ? 0.6 : 1.0);
+  const double waves = double(full) + (rem == 0 ? 0.0 : rem <= sms ? lone : 1.0);
   return waves * (3.0 + rpb / 8.0);
 }
 
 // The wide blocks' rows per block for this grid, or 0 where the blocks of alt_rows rows it would
-// otherwise take (32 or 64) are modelled within 10 % of them (or the knobs say so).
+// otherwise take (32 or 64) are modelled within 1 % of them (GEIST_CUDA_WTILE12_GAIN=P: within
+// P %), or the knobs say so. H100, E4B pp512 (one call, alternated twice): without wide
+// blocks 10384 / 10689 t/s; with them on the 2560-output matrices 11171 / 11183; with the
+// gate+up set too (271.8 -> 263.5 us per call) 11452 / 11449.
 int wtile_wide_rows(int64_t cols, int n_rows, int alt_rows) {
+  static const double keep = 1.0 - std::min(env_int("GEIST_CUDA_WTILE12_GAIN", 1), 100) / 100.0;
   if (wtile_nt() == 12) return wtile_even_rows(n_rows, (n_rows + 95) / 96);
   if (wtile_nt() != 8 || !wtile12_enabled() || n_rows <= 64) return 0;
   const int rpb = wtile_even_rows(n_rows, (n_rows + 95) / 96);
-  return wtile_cost(cols, n_rows, rpb) < 0.9 * wtile_cost(cols, n_rows, alt_rows) ? rpb : 0;
+  return wtile_cost(cols, n_rows, rpb) < keep * wtile_cost(cols, n_rows, alt_rows) ? rpb : 0;
 }
 
 // Up to this many rows the 8-tile default takes blocks of 4 tiles (32 rows) instead: twice
@@ -2534,9 +2541,23 @@ bool matmul_kquant_wtile_set(const DevMatrix *ws, float *const *ys, int n_mat, c
   const bool nt4 = wtile_nt4(cols, n_rows);  // on the whole grid
   auto go = [&](auto kernel, size_t smem, int nt) {
     const dim3 grid(unsigned(cols), unsigned((n_rows + 8 * nt - 1) / (8 * nt)));
-    launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, set, ws[0].n_in, xq, xd, n_rows);
+    launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, set, ws[0].n_in, xq, xd, n_rows, 8 * nt);
+  };
+  // The wide blocks (wtile_wide_rows) where the set's grid asks for them. `done`: the
+  // kernel's own opt-in flags (every set kernel has the same type, so not a static here).
+  const int wide = wtile_wide_rows(cols, n_rows, nt4 ? 32 : 64);
+  auto go_wide = [&](auto kernel, size_t smem, std::atomic<uint64_t> &done) {
+    if (!allow_dynamic_smem(kernel, smem, done)) return false;
+    const dim3 grid(unsigned(cols), unsigned((n_rows + wide - 1) / wide));
+    launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, set, ws[0].n_in, xq, xd, n_rows, wide);
+    return true;
   };
   if (mixed) {
+    static std::atomic<uint64_t> done_mixed{0};
+    if (wide > 0 && go_wide(matmul_wtile_set_kernel<G::Q4_K, G::Q6_K, 12>,
+                            std::max(wtile_smem<G::Q4_K, 12>(), wtile_smem<G::Q6_K, 12>()), done_mixed)) {
+      return true;
+    }
     if (nt4) {
       go(matmul_wtile_set_kernel<G::Q4_K, G::Q6_K, 4>, std::max(wtile_smem<G::Q4_K, 4>(), wtile_smem<G::Q6_K, 4>()), 4);
     } else {
@@ -2546,6 +2567,10 @@ bool matmul_kquant_wtile_set(const DevMatrix *ws, float *const *ys, int n_mat, c
   }
   return dispatch_kquant(t0, [&](auto tag) {
     constexpr G T = decltype(tag)::value;
+    if constexpr (T == G::Q4_K || T == G::Q5_K || T == G::Q6_K) {
+      static std::atomic<uint64_t> done{0};  // one per T: this lambda's body is instantiated per type
+      if (wide > 0 && go_wide(matmul_wtile_set_kernel<T, T, 12>, wtile_smem<T, 12>(), done)) return;
+    }
     if (nt4) {
       go(matmul_wtile_set_kernel<T, T, 4>, wtile_smem<T, 4>(), 4);
     } else {
