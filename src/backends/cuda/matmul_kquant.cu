@@ -2321,9 +2321,16 @@ namespace {
 // 16.23 -> 15.46, 129 20.60 -> 18.29, 136 20.35 -> 19.96, 193 28.28 -> 22.11, 200 27.26 ->
 // 24.59, 257 32.42 -> 29.63; but a tail of 16 rows costs more alone (80 15.60 -> 16.45, 144
 // 20.18 -> 20.97; 32: 160 19.95 -> 23.60), hence 8.
+// Not where the wide blocks may take the call (more than 192 rows, wtile_wide_rows): they split
+// a call's rows evenly, so a tail costs a few rows in each block instead of a weight pass. H100
+// (`bench rows` E4B, ms per call, tail split -> not, two rounds): 200 rows 24.58 / 24.30 ->
+// 22.40 / 21.70, 258 31.48 / 30.60 -> 26.40 / 26.29, 264 32.12 / 31.19 -> 26.66 / 26.32, 322
+// 35.03 / 34.03 -> 34.66 / 33.60, 386 39.43 / 38.17 -> 37.00 / 35.94, 450 44.05 / 42.88 ->
+// 41.83 / 40.75.
 int kquant_tail_rows(int n_rows) {
   static const int v = std::min(env_int("GEIST_CUDA_TAIL_ROWS", 8), 63);
   if (v <= 0 || n_rows <= 64) return 0;
+  if (n_rows > 192 && (wtile_nt() == 8 || wtile_nt() == 12) && wtile12_enabled()) return 0;
   const int t = n_rows % 64;
   return t <= v ? t : 0;
 }
