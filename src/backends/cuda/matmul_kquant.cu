@@ -2327,10 +2327,16 @@ namespace {
 // 22.40 / 21.70, 258 31.48 / 30.60 -> 26.40 / 26.29, 264 32.12 / 31.19 -> 26.66 / 26.32, 322
 // 35.03 / 34.03 -> 34.66 / 33.60, 386 39.43 / 38.17 -> 37.00 / 35.94, 450 44.05 / 42.88 ->
 // 41.83 / 40.75.
-int kquant_tail_rows(int n_rows) {
+// Only for matrices that have the wide blocks (Q4_K, Q5_K, Q6_K: every one of the call's n_mat).
+int kquant_tail_rows(int n_rows, const DevMatrix *ws, int n_mat) {
   static const int v = std::min(env_int("GEIST_CUDA_TAIL_ROWS", 8), 63);
   if (v <= 0 || n_rows <= 64) return 0;
-  if (n_rows > 192 && (wtile_nt() == 8 || wtile_nt() == 12) && wtile12_enabled()) return 0;
+  const bool wide_rows = wtile_nt() == 12 || (wtile_nt() == 8 && wtile12_enabled() && n_rows > 192);
+  if (wide_rows && std::all_of(ws, ws + n_mat, [](const DevMatrix &w) {
+        return w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::Q6_K;
+      })) {
+    return 0;
+  }
   const int t = n_rows % 64;
   return t <= v ? t : 0;
 }
@@ -2354,7 +2360,7 @@ bool kquant_skinny(const DevMatrix &wm, int n_rows) {
 void matmul_kquant_n(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *xq, const float *xd, int n_rows,
                      CudaStream s) {
   if (n_mat <= 0) return;
-  if (const int t = kquant_tail_rows(n_rows); t > 0 && n_mat <= kMaxTailSet) {
+  if (const int t = kquant_tail_rows(n_rows, ws, n_mat); t > 0 && n_mat <= kMaxTailSet) {
     const int h = n_rows - t;  // a multiple of 64: not split again
     const int64_t K = ws[0].n_in;
     matmul_kquant_n(ws, ys, n_mat, xq, xd, h, s);
@@ -2507,7 +2513,7 @@ bool matmul_kquant_wtile_set(const DevMatrix *ws, float *const *ys, int n_mat, c
       n_rows < kquant_mma_min_rows() || n_rows <= kquant_matvec_max_rows() || n_rows <= kquant_mvmma_max_rows()) {
     return false;
   }
-  if (const int t = kquant_tail_rows(n_rows)) {
+  if (const int t = kquant_tail_rows(n_rows, ws, n_mat)) {
     // The set for the rows up to the last multiple of 64, then the tail's rows as calls of
     // their own (a run of one type per call).
     const int h = n_rows - t;
