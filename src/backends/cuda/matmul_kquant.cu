@@ -1315,12 +1315,12 @@ using dev::cp_async4;
 using dev::cp_async_commit;
 using dev::cp_async_wait_all;
 
-// One block's 64 outputs (column block bx) x rpb rows (rows blockIdx.y * rpb on; rpb a
-// multiple of 8, at most 8 NT) of one matrix.
+// One block's 64 outputs (column block bx) x `rows` rows from row r0 (1 to 8 NT rows) of one
+// matrix.
 template <GgmlType T, int NT>
 __device__ __forceinline__ void wtile_block(int64_t bx, const uint8_t *__restrict__ w, size_t row_bytes, int64_t K,
                                             int64_t n_out, const int8_t *__restrict__ xq, const float *__restrict__ xd,
-                                            float *__restrict__ y, int n_rows, int rpb) {
+                                            float *__restrict__ y, int r0, int rows) {
   using L = KQ<T>;
   constexpr int kNSub = 256 / L::kSub, kS = kWtStride<T>, kTok = 8 * NT, kThreads = kWtWarps * 32;
   constexpr bool kMin = L::kDminOff >= 0;
@@ -1332,7 +1332,6 @@ __device__ __forceinline__ void wtile_block(int64_t bx, const uint8_t *__restric
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, g = lane / 4, tq = lane % 4;
   const int64_t n0 = bx * (16 * kWtWarps) + 16 * warp;
-  const int r0 = int(blockIdx.y) * rpb, rows = n_rows - r0 < rpb ? n_rows - r0 : rpb;
   const int live = (rows + 7) / 8;  // the 8-row tiles that hold rows: only theirs are staged
   const int nb = int(K / 256);
   // Outputs past the end read the last row and are not stored; rows past the end copy the
@@ -1482,7 +1481,8 @@ __global__ void __launch_bounds__(kWtWarps * 32, 2)
     matmul_wtile_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t K, int64_t n_out,
                         const int8_t *__restrict__ xq, const float *__restrict__ xd, float *__restrict__ y,
                         int n_rows, int rpb) {
-  wtile_block<T, NT>(blockIdx.x, w, row_bytes, K, n_out, xq, xd, y, n_rows, rpb);
+  const int r0 = int(blockIdx.y) * rpb;
+  wtile_block<T, NT>(blockIdx.x, w, row_bytes, K, n_out, xq, xd, y, r0, min(rpb, n_rows - r0));
 }
 
 // Several matrices sharing the quantized activations (q, k and v; gate and up) in one
@@ -1508,10 +1508,45 @@ __global__ void __launch_bounds__(kWtWarps * 32, 2)
   int m = 0;
   while (m + 1 < set.n && int64_t(blockIdx.x) >= set.first[m + 1]) ++m;
   const int64_t bx = int64_t(blockIdx.x) - set.first[m];
+  const int r0 = int(blockIdx.y) * rpb, rows = min(rpb, n_rows - r0);
   if (T0 == T1 || !set.alt[m]) {
-    wtile_block<T0, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], n_rows, rpb);
+    wtile_block<T0, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], r0, rows);
   } else {
-    wtile_block<T1, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], n_rows, rpb);
+    wtile_block<T1, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], r0, rows);
+  }
+}
+
+// The same tiles with a fixed grid ("persistent"): the set's column blocks times their 8-row
+// tiles, column by column, are one list that the grid's blocks split evenly; each block runs
+// its share as runs of at most NT tiles of one column (a column's share split evenly), each
+// run being wtile_block on those rows. A grid of blocks of 64 or 96 rows runs in whole waves:
+// E4B's gate+up at 129 rows is 960 blocks for 264 slots, 3.6 waves whose last holds blocks of
+// one row; split evenly, every block does the same share and the time grows with the rows.
+// Every tile still runs the same code over the same K: the same bits.
+template <GgmlType T0, GgmlType T1, int NT>
+__global__ void __launch_bounds__(kWtWarps * 32, 2)
+    matmul_wtile_persist_kernel(WtSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                int n_rows) {
+  const int64_t tpc = (n_rows + 7) / 8, total = set.first[set.n] * tpc;
+  int64_t t = total * blockIdx.x / gridDim.x;
+  const int64_t end = total * (blockIdx.x + 1) / gridDim.x;
+  while (t < end) {
+    const int64_t col = t / tpc, tile0 = t % tpc, n = min(end - t, tpc - tile0);
+    int m = 0;
+    while (m + 1 < set.n && col >= set.first[m + 1]) ++m;
+    const int64_t bx = col - set.first[m];
+    const int64_t parts = (n + NT - 1) / NT;
+    for (int64_t p = 0; p < parts; ++p) {
+      const int r0 = int(8 * (tile0 + n * p / parts));
+      const int rows = min(int(8 * (tile0 + n * (p + 1) / parts)), n_rows) - r0;
+      __syncthreads();  // the block's shared memory is free again
+      if (T0 == T1 || !set.alt[m]) {
+        wtile_block<T0, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], r0, rows);
+      } else {
+        wtile_block<T1, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], r0, rows);
+      }
+    }
+    t += n;
   }
 }
 
@@ -1614,9 +1649,68 @@ bool wtile_nt4(int64_t cols, int n_rows) {
   return wtile_nt() == 4 || n_rows <= wtile4_max_rows() || cols * ((n_rows + 63) / 64) < wtile4_min_blocks();
 }
 
+// GEIST_CUDA_WTILE_PERSIST: 0 (the default) launches a block per 64 or 96 rows of a column
+// block; 8 or 12 runs matmul_wtile_persist_kernel instead, a grid of as many blocks as the
+// SMs hold at once, each taking an even share of the tiles in runs of at most that many
+// tiles (12: Q4_K, Q5_K and Q6_K, 8 for the other types).
+int wtile_persist() {
+  static const int v = [] {
+    const int n = env_int("GEIST_CUDA_WTILE_PERSIST", 0);
+    return n == 8 || n == 12 ? n : 0;
+  }();
+  return v;
+}
+
+// Launches the set's tiles on matmul_wtile_persist_kernel (where wtile_persist asks for it;
+// false otherwise): one block per slot the SMs hold at once, at most one per tile.
+template <GgmlType T0, GgmlType T1>
+bool launch_wtile_persist(const WtSet &set, int64_t K, const int8_t *xq, const float *xd, int n_rows, CudaStream s) {
+  const int nt = wtile_persist();
+  if (nt == 0) return false;
+  const int64_t tiles = set.first[set.n] * ((n_rows + 7) / 8);
+  auto go = [&](auto kernel, size_t smem, int &per_sm) {
+    if (per_sm == 0) {
+      int b = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kWtWarps * 32, smem) != cudaSuccess || b < 1) b = 1;
+      per_sm = b;
+    }
+    static const int cap = env_int("GEIST_CUDA_WTILE_PERSIST_GRID", 0);  // a test's knob: at most this many blocks
+    int64_t grid = std::min<int64_t>(tiles, int64_t(per_sm) * device_sm_count());
+    if (cap > 0) grid = std::min<int64_t>(grid, cap);
+    launch_smem(kernel, dim3(unsigned(grid)), dim3(kWtWarps * 32), smem, s, set, K, xq, xd, n_rows);
+  };
+  constexpr auto wide_type = [](GgmlType t) {
+    return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+  };
+  if constexpr (wide_type(T0) && wide_type(T1)) {
+    if (nt == 12) {
+      static std::atomic<uint64_t> done{0};
+      static int per_sm = 0;
+      const size_t smem = std::max(wtile_smem<T0, 12>(), wtile_smem<T1, 12>());
+      if (allow_dynamic_smem(matmul_wtile_persist_kernel<T0, T1, 12>, smem, done)) {
+        go(matmul_wtile_persist_kernel<T0, T1, 12>, smem, per_sm);
+        return true;
+      }
+    }
+  }
+  static int per_sm = 0;
+  go(matmul_wtile_persist_kernel<T0, T1, 8>, std::max(wtile_smem<T0, 8>(), wtile_smem<T1, 8>()), per_sm);
+  return true;
+}
+
 template <GgmlType T>
 void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float *y, int n_rows, CudaStream s) {
   const int64_t cols = (wm.n_out + 16 * kWtWarps - 1) / (16 * kWtWarps);
+  if (wtile_persist() != 0) {
+    WtSet set{};
+    set.n = 1;
+    set.w[0] = wm.data;
+    set.row_bytes[0] = wm.row_bytes;
+    set.n_out[0] = wm.n_out;
+    set.y[0] = y;
+    set.first[1] = cols;
+    if (launch_wtile_persist<T, T>(set, wm.n_in, xq, xd, n_rows, s)) return;
+  }
   auto go = [&](auto kernel, size_t smem, int rpb) {
     const dim3 grid(unsigned(cols), unsigned((n_rows + rpb - 1) / rpb));
     launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, wm.data, wm.row_bytes, wm.n_in, wm.n_out, xq, xd, y, n_rows,
@@ -2330,7 +2424,7 @@ namespace {
 // Only for matrices that have the wide blocks (Q4_K, Q5_K, Q6_K: every one of the call's n_mat).
 int kquant_tail_rows(int n_rows, const DevMatrix *ws, int n_mat) {
   static const int v = std::min(env_int("GEIST_CUDA_TAIL_ROWS", 8), 63);
-  if (v <= 0 || n_rows <= 64) return 0;
+  if (v <= 0 || n_rows <= 64 || wtile_persist() != 0) return 0;
   const bool wide_rows = wtile_nt() == 12 || (wtile_nt() == 8 && wtile12_enabled() && n_rows > 192);
   if (wide_rows && std::all_of(ws, ws + n_mat, [](const DevMatrix &w) {
         return w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::Q6_K;
@@ -2554,6 +2648,13 @@ bool matmul_kquant_wtile_set(const DevMatrix *ws, float *const *ys, int n_mat, c
     cols += (ws[m].n_out + 16 * kWtWarps - 1) / (16 * kWtWarps);
   }
   set.first[n_mat] = cols;
+  if (wtile_persist() != 0) {
+    if (mixed) return launch_wtile_persist<G::Q4_K, G::Q6_K>(set, ws[0].n_in, xq, xd, n_rows, s);
+    return dispatch_kquant(t0, [&](auto tag) {
+      constexpr G T = decltype(tag)::value;
+      launch_wtile_persist<T, T>(set, ws[0].n_in, xq, xd, n_rows, s);
+    });
+  }
   const bool nt4 = wtile_nt4(cols, n_rows);  // on the whole grid
   auto go = [&](auto kernel, size_t smem, int nt) {
     const dim3 grid(unsigned(cols), unsigned((n_rows + 8 * nt - 1) / (8 * nt)));
