@@ -2407,7 +2407,7 @@ int kquant_skinny_max_rows() {
 }
 
 namespace {
-// GEIST_CUDA_TAIL_ROWS=T (default 8; 0: off; at most 63): a call of more than 64 rows whose
+// GEIST_CUDA_TAIL_ROWS=T (default 0: off; at most 63): a call of more than 64 rows whose
 // last 64-row tile would hold 1..T rows runs those rows as a call of their own (the
 // matrix-vector / few-rows kernels), so that they do not pay a whole tile's weight loads.
 // Rows are independent and every kernel gives the same bits, so the split does not change
@@ -2421,9 +2421,14 @@ namespace {
 // 22.40 / 21.70, 258 31.48 / 30.60 -> 26.40 / 26.29, 264 32.12 / 31.19 -> 26.66 / 26.32, 322
 // 35.03 / 34.03 -> 34.66 / 33.60, 386 39.43 / 38.17 -> 37.00 / 35.94, 450 44.05 / 42.88 ->
 // 41.83 / 40.75.
+// Off by default since the 32-row blocks for small grids (wtile4_min_blocks) took the 65-192-row
+// calls: there the split became the slower way. H100 (2026-12-06, d679d3f, `bench rows` E4B
+// 1..512, ms per call, split of up to 8 rows -> none): 65 14.38 -> 13.18, 68 15.68 -> 13.14, 72
+// 16.05 -> 13.26 (73 13.73 / 13.44), 129 18.97 -> 18.63, 132 19.77 -> 18.70, 136 20.18 -> 18.76
+// (137 18.36 / 18.55); row counts flagged at 5 % (align 16) 40 -> 30.
 // Only for matrices that have the wide blocks (Q4_K, Q5_K, Q6_K: every one of the call's n_mat).
 int kquant_tail_rows(int n_rows, const DevMatrix *ws, int n_mat) {
-  static const int v = std::min(env_int("GEIST_CUDA_TAIL_ROWS", 8), 63);
+  static const int v = std::min(env_int("GEIST_CUDA_TAIL_ROWS", 0), 63);
   if (v <= 0 || n_rows <= 64 || wtile_persist() != 0) return 0;
   const bool wide_rows = wtile_nt() == 12 || (wtile_nt() == 8 && wtile12_enabled() && n_rows > 192);
   if (wide_rows && std::all_of(ws, ws + n_mat, [](const DevMatrix &w) {
