@@ -1501,19 +1501,26 @@ struct WtSet {
   int64_t first[kWtSetMax + 1];
 };
 
+// wtile_block for the set's column block `col` (counted over all its matrices).
 template <GgmlType T0, GgmlType T1, int NT>
-__global__ void __launch_bounds__(kWtWarps * 32, 2)
-    matmul_wtile_set_kernel(WtSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd,
-                            int n_rows, int rpb) {
+__device__ __forceinline__ void wtile_set_block(const WtSet &set, int64_t col, int64_t K, const int8_t *__restrict__ xq,
+                                                const float *__restrict__ xd, int r0, int rows) {
   int m = 0;
-  while (m + 1 < set.n && int64_t(blockIdx.x) >= set.first[m + 1]) ++m;
-  const int64_t bx = int64_t(blockIdx.x) - set.first[m];
-  const int r0 = int(blockIdx.y) * rpb, rows = min(rpb, n_rows - r0);
+  while (m + 1 < set.n && col >= set.first[m + 1]) ++m;
+  const int64_t bx = col - set.first[m];
   if (T0 == T1 || !set.alt[m]) {
     wtile_block<T0, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], r0, rows);
   } else {
     wtile_block<T1, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], r0, rows);
   }
+}
+
+template <GgmlType T0, GgmlType T1, int NT>
+__global__ void __launch_bounds__(kWtWarps * 32, 2)
+    matmul_wtile_set_kernel(WtSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                            int n_rows, int rpb) {
+  const int r0 = int(blockIdx.y) * rpb;
+  wtile_set_block<T0, T1, NT>(set, blockIdx.x, K, xq, xd, r0, min(rpb, n_rows - r0));
 }
 
 // The same tiles with a fixed grid ("persistent"): the set's column blocks times their 8-row
@@ -1532,22 +1539,20 @@ __global__ void __launch_bounds__(kWtWarps * 32, 2)
   const int64_t end = total * (blockIdx.x + 1) / gridDim.x;
   while (t < end) {
     const int64_t col = t / tpc, tile0 = t % tpc, n = min(end - t, tpc - tile0);
-    int m = 0;
-    while (m + 1 < set.n && col >= set.first[m + 1]) ++m;
-    const int64_t bx = col - set.first[m];
     const int64_t parts = (n + NT - 1) / NT;
     for (int64_t p = 0; p < parts; ++p) {
       const int r0 = int(8 * (tile0 + n * p / parts));
       const int rows = min(int(8 * (tile0 + n * (p + 1) / parts)), n_rows) - r0;
       __syncthreads();  // the block's shared memory is free again
-      if (T0 == T1 || !set.alt[m]) {
-        wtile_block<T0, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], r0, rows);
-      } else {
-        wtile_block<T1, NT>(bx, set.w[m], set.row_bytes[m], K, set.n_out[m], xq, xd, set.y[m], r0, rows);
-      }
+      wtile_set_block<T0, T1, NT>(set, col, K, xq, xd, r0, rows);
     }
     t += n;
   }
+}
+
+// The types with a 12-tile (wide) instantiation: the ones Q4_K_M and Q5_K_M are made of.
+constexpr bool wtile_wide_type(GgmlType t) {
+  return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
 }
 
 // Under 48 KiB for NT <= 8 (no opt-in needed): 2 x 64 x 288 + 64 x 40 = 39424 bytes.
@@ -1679,10 +1684,7 @@ bool launch_wtile_persist(const WtSet &set, int64_t K, const int8_t *xq, const f
     if (cap > 0) grid = std::min<int64_t>(grid, cap);
     launch_smem(kernel, dim3(unsigned(grid)), dim3(kWtWarps * 32), smem, s, set, K, xq, xd, n_rows);
   };
-  constexpr auto wide_type = [](GgmlType t) {
-    return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
-  };
-  if constexpr (wide_type(T0) && wide_type(T1)) {
+  if constexpr (wtile_wide_type(T0) && wtile_wide_type(T1)) {
     if (nt == 12) {
       static std::atomic<uint64_t> done{0};
       static int per_sm = 0;
@@ -1719,7 +1721,7 @@ void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float 
   // The wide blocks for the types Q4_K_M and Q5_K_M are made of (their shared memory is over
   // the default 48 KiB: where the opt-in fails, 64-row blocks).
   const bool nt4 = wtile_nt4(cols, n_rows);
-  if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q5_K || T == GgmlType::Q6_K) {
+  if constexpr (wtile_wide_type(T)) {
     if (const int rpb = wtile_wide_rows(cols, n_rows, nt4 ? 32 : 64); rpb > 0) {
       static std::atomic<uint64_t> done{0};
       if (allow_dynamic_smem(matmul_wtile_kernel<T, 12>, wtile_smem<T, 12>(), done)) {
@@ -2431,9 +2433,7 @@ int kquant_tail_rows(int n_rows, const DevMatrix *ws, int n_mat) {
   static const int v = std::min(env_int("GEIST_CUDA_TAIL_ROWS", 0), 63);
   if (v <= 0 || n_rows <= 64 || wtile_persist() != 0) return 0;
   const bool wide_rows = wtile_nt() == 12 || (wtile_nt() == 8 && wtile12_enabled() && n_rows > 192);
-  if (wide_rows && std::all_of(ws, ws + n_mat, [](const DevMatrix &w) {
-        return w.type == GgmlType::Q4_K || w.type == GgmlType::Q5_K || w.type == GgmlType::Q6_K;
-      })) {
+  if (wide_rows && std::all_of(ws, ws + n_mat, [](const DevMatrix &w) { return wtile_wide_type(w.type); })) {
     return 0;
   }
   const int t = n_rows % 64;
@@ -2689,7 +2689,7 @@ bool matmul_kquant_wtile_set(const DevMatrix *ws, float *const *ys, int n_mat, c
   }
   return dispatch_kquant(t0, [&](auto tag) {
     constexpr G T = decltype(tag)::value;
-    if constexpr (T == G::Q4_K || T == G::Q5_K || T == G::Q6_K) {
+    if constexpr (wtile_wide_type(T)) {
       static std::atomic<uint64_t> done{0};  // one per T: this lambda's body is instantiated per type
       if (wide > 0 && go_wide(matmul_wtile_set_kernel<T, T, 12>, wtile_smem<T, 12>(), done)) return;
     }
