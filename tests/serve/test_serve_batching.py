@@ -58,7 +58,7 @@ def test_prompt_chunks_join_the_decoding_steps_within_the_budget(start_server):
     srv = start_server(["-c", "2048", "--parallel", "2", "-b", str(budget), "-q"])
     # A long generation, streamed; the second prompt is sent once it decodes. 1500 tokens (~20 s
     # on 2 cores) so that it is still decoding when the second request ends: with 600 it once
-    # had ended, on a loaded CI machine.
+    # had ended in one CI run.
     body = json.dumps({"prompt": "Once upon a time", "max_tokens": 1500, "temperature": 0, "stream": True}).encode()
     s = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
     try:
