@@ -1614,13 +1614,18 @@ double wtile_cost(int64_t cols, int n_rows, int rpb) {
 // P %), or the knobs say so. H100, E4B pp512 (one call, alternated twice): without wide
 // blocks 10384 / 10689 t/s; with them on the 2560-output matrices 11171 / 11183; with the
 // gate+up set too (271.8 -> 263.5 us per call) 11452 / 11449.
-int wtile_wide_rows(int64_t cols, int n_rows, int alt_rows) {
+// set: the call is a set of matrices (matmul_wtile_set_kernel), else one matrix.
+int wtile_wide_rows(int64_t cols, int n_rows, int alt_rows, bool set) {
   static const double keep = 1.0 - std::min(env_int("GEIST_CUDA_WTILE12_GAIN", 1), 100) / 100.0;
   if (wtile_nt() == 12) return wtile_even_rows(n_rows, (n_rows + 95) / 96);
   // Not below 193 rows: there the H100 sweep measured the modelled picks (gate+up and q/k/v
   // sets of 88-96-row blocks at 159-189 rows) 3-6 % slower per call, which the model does not
-  // see; from 201 rows they were 3-10 % faster.
-  if (wtile_nt() != 8 || !wtile12_enabled() || n_rows <= 192) return 0;
+  // see; from 201 rows they were 3-10 % faster. GEIST_CUDA_WTILE12_MIN_ROWS /
+  // GEIST_CUDA_WTILE12_SET_MIN_ROWS: the least row count for one matrix / a set (knobs to
+  // compare).
+  static const int min_one = env_int("GEIST_CUDA_WTILE12_MIN_ROWS", 193);
+  static const int min_set = env_int("GEIST_CUDA_WTILE12_SET_MIN_ROWS", 193);
+  if (wtile_nt() != 8 || !wtile12_enabled() || n_rows < (set ? min_set : min_one)) return 0;
   const int rpb = wtile_even_rows(n_rows, (n_rows + 95) / 96);
   return wtile_cost(cols, n_rows, rpb) < keep * wtile_cost(cols, n_rows, alt_rows) ? rpb : 0;
 }
@@ -1722,7 +1727,7 @@ void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float 
   // the default 48 KiB: where the opt-in fails, 64-row blocks).
   const bool nt4 = wtile_nt4(cols, n_rows);
   if constexpr (wtile_wide_type(T)) {
-    if (const int rpb = wtile_wide_rows(cols, n_rows, nt4 ? 32 : 64); rpb > 0) {
+    if (const int rpb = wtile_wide_rows(cols, n_rows, nt4 ? 32 : 64, false); rpb > 0) {
       static std::atomic<uint64_t> done{0};
       if (allow_dynamic_smem(matmul_wtile_kernel<T, 12>, wtile_smem<T, 12>(), done)) {
         go(matmul_wtile_kernel<T, 12>, wtile_smem<T, 12>(), rpb);
@@ -2667,7 +2672,7 @@ bool matmul_kquant_wtile_set(const DevMatrix *ws, float *const *ys, int n_mat, c
   };
   // The wide blocks (wtile_wide_rows) where the set's grid asks for them. `done`: the
   // kernel's own opt-in flags (every set kernel has the same type, so not a static here).
-  const int wide = wtile_wide_rows(cols, n_rows, nt4 ? 32 : 64);
+  const int wide = wtile_wide_rows(cols, n_rows, nt4 ? 32 : 64, true);
   auto go_wide = [&](auto kernel, size_t smem, std::atomic<uint64_t> &done) {
     if (!allow_dynamic_smem(kernel, smem, done)) return false;
     const dim3 grid(unsigned(cols), unsigned((n_rows + wide - 1) / wide));
