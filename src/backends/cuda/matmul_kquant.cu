@@ -1659,6 +1659,26 @@ bool wtile_nt4(int64_t cols, int n_rows) {
   return wtile_nt() == 4 || n_rows <= wtile4_max_rows() || cols * ((n_rows + 63) / 64) < wtile4_min_blocks();
 }
 
+// GEIST_CUDA_WTILE_LONE_ROWS=1 (off by default; a knob to compare): a grid that takes 32-row
+// blocks (wtile_nt4) and would put two blocks on some SMs takes instead the fewest blocks per
+// column that give every block an SM of its own, of up to 64 rows each (the 8-tile kernel,
+// rows split evenly in whole tiles). E4B's down and o (40 columns) at 97 rows: 3 blocks of
+// 40 / 32 / 25 rows per column (120 blocks) instead of 4 of 32 / 32 / 32 / 1 (160 blocks, 28 SMs
+// with two). Returns the rows per block, or 0 to keep the 32-row blocks.
+// GEIST_CUDA_WTILE_LONE_SMS=N counts N SMs instead of the device's (tests: so that the small
+// test matrices take these blocks too).
+int wtile_lone_rows(int64_t cols, int n_rows) {
+  static const bool on = env_int("GEIST_CUDA_WTILE_LONE_ROWS", 0) != 0;
+  static const int test_sms = env_int("GEIST_CUDA_WTILE_LONE_SMS", 0);
+  if (!on || wtile_nt() != 8) return 0;
+  const int64_t sms = test_sms > 0 ? test_sms : device_sm_count();
+  if (cols * ((n_rows + 31) / 32) <= sms) return 0;  // already one block per SM
+  const int64_t per_col = sms / cols;
+  if (per_col < 1) return 0;
+  const int rpb = wtile_even_rows(n_rows, int(per_col));
+  return rpb <= 64 ? rpb : 0;
+}
+
 // GEIST_CUDA_WTILE_PERSIST: 0 (the default) launches a block per 64 or 96 rows of a column
 // block; 8 or 12 runs matmul_wtile_persist_kernel instead, a grid of as many blocks as the
 // SMs hold at once, each taking an even share of the tiles in runs of at most that many
@@ -1736,6 +1756,10 @@ void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float 
     }
   }
   if (nt4) {
+    if (const int rpb = wtile_lone_rows(cols, n_rows); rpb > 0) {
+      go(matmul_wtile_kernel<T, 8>, wtile_smem<T, 8>(), rpb);
+      return;
+    }
     go(matmul_wtile_kernel<T, 4>, wtile_smem<T, 4>(), 32);
   } else {
     go(matmul_wtile_kernel<T, 8>, wtile_smem<T, 8>(), 64);
@@ -2666,9 +2690,13 @@ bool matmul_kquant_wtile_set(const DevMatrix *ws, float *const *ys, int n_mat, c
     });
   }
   const bool nt4 = wtile_nt4(cols, n_rows);  // on the whole grid
+  // nt: the kernel's tiles; rows per block 8 nt, or the lone blocks' (wtile_lone_rows) for the
+  // 8-tile kernel where the grid would otherwise take 32-row blocks.
+  const int lone_rows = nt4 ? wtile_lone_rows(cols, n_rows) : 0;
   auto go = [&](auto kernel, size_t smem, int nt) {
-    const dim3 grid(unsigned(cols), unsigned((n_rows + 8 * nt - 1) / (8 * nt)));
-    launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, set, ws[0].n_in, xq, xd, n_rows, 8 * nt);
+    const int rpb = nt == 8 && lone_rows > 0 ? lone_rows : 8 * nt;
+    const dim3 grid(unsigned(cols), unsigned((n_rows + rpb - 1) / rpb));
+    launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, set, ws[0].n_in, xq, xd, n_rows, rpb);
   };
   // The wide blocks (wtile_wide_rows) where the set's grid asks for them. `done`: the
   // kernel's own opt-in flags (every set kernel has the same type, so not a static here).
@@ -2685,7 +2713,7 @@ bool matmul_kquant_wtile_set(const DevMatrix *ws, float *const *ys, int n_mat, c
                             std::max(wtile_smem<G::Q4_K, 12>(), wtile_smem<G::Q6_K, 12>()), done_mixed)) {
       return true;
     }
-    if (nt4) {
+    if (nt4 && lone_rows == 0) {
       go(matmul_wtile_set_kernel<G::Q4_K, G::Q6_K, 4>, std::max(wtile_smem<G::Q4_K, 4>(), wtile_smem<G::Q6_K, 4>()), 4);
     } else {
       go(matmul_wtile_set_kernel<G::Q4_K, G::Q6_K, 8>, std::max(wtile_smem<G::Q4_K, 8>(), wtile_smem<G::Q6_K, 8>()), 8);
@@ -2698,7 +2726,7 @@ bool matmul_kquant_wtile_set(const DevMatrix *ws, float *const *ys, int n_mat, c
       static std::atomic<uint64_t> done{0};  // one per T: this lambda's body is instantiated per type
       if (wide > 0 && go_wide(matmul_wtile_set_kernel<T, T, 12>, wtile_smem<T, 12>(), done)) return;
     }
-    if (nt4) {
+    if (nt4 && lone_rows == 0) {
       go(matmul_wtile_set_kernel<T, T, 4>, wtile_smem<T, 4>(), 4);
     } else {
       go(matmul_wtile_set_kernel<T, T, 8>, wtile_smem<T, 8>(), 8);
