@@ -1679,6 +1679,15 @@ int wtile_lone_rows(int64_t cols, int n_rows) {
   return rpb <= 64 ? rpb : 0;
 }
 
+// Rows per block of a tile grid that does not take the wide blocks: 32 (the 4-tile kernel)
+// for small grids (wtile_nt4), the lone blocks' rows there where they apply, else 64; every
+// count but 32 runs on the 8-tile kernel.
+int wtile_grid_rows(int64_t cols, int n_rows) {
+  if (!wtile_nt4(cols, n_rows)) return 64;
+  const int lone = wtile_lone_rows(cols, n_rows);
+  return lone > 0 ? lone : 32;
+}
+
 // GEIST_CUDA_WTILE_PERSIST: 0 (the default) launches a block per 64 or 96 rows of a column
 // block; 8 or 12 runs matmul_wtile_persist_kernel instead, a grid of as many blocks as the
 // SMs hold at once, each taking an even share of the tiles in runs of at most that many
@@ -1755,14 +1764,10 @@ void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float 
       }
     }
   }
-  if (nt4) {
-    if (const int rpb = wtile_lone_rows(cols, n_rows); rpb > 0) {
-      go(matmul_wtile_kernel<T, 8>, wtile_smem<T, 8>(), rpb);
-      return;
-    }
+  if (const int rpb = wtile_grid_rows(cols, n_rows); rpb == 32) {
     go(matmul_wtile_kernel<T, 4>, wtile_smem<T, 4>(), 32);
   } else {
-    go(matmul_wtile_kernel<T, 8>, wtile_smem<T, 8>(), 64);
+    go(matmul_wtile_kernel<T, 8>, wtile_smem<T, 8>(), rpb);
   }
 }
 
@@ -2690,11 +2695,8 @@ bool matmul_kquant_wtile_set(const DevMatrix *ws, float *const *ys, int n_mat, c
     });
   }
   const bool nt4 = wtile_nt4(cols, n_rows);  // on the whole grid
-  // nt: the kernel's tiles; rows per block 8 nt, or the lone blocks' (wtile_lone_rows) for the
-  // 8-tile kernel where the grid would otherwise take 32-row blocks.
-  const int lone_rows = nt4 ? wtile_lone_rows(cols, n_rows) : 0;
-  auto go = [&](auto kernel, size_t smem, int nt) {
-    const int rpb = nt == 8 && lone_rows > 0 ? lone_rows : 8 * nt;
+  const int rpb = wtile_grid_rows(cols, n_rows);  // 32: the 4-tile kernel, else the 8-tile one
+  auto go = [&](auto kernel, size_t smem) {
     const dim3 grid(unsigned(cols), unsigned((n_rows + rpb - 1) / rpb));
     launch_smem(kernel, grid, dim3(kWtWarps * 32), smem, s, set, ws[0].n_in, xq, xd, n_rows, rpb);
   };
@@ -2713,10 +2715,10 @@ bool matmul_kquant_wtile_set(const DevMatrix *ws, float *const *ys, int n_mat, c
                             std::max(wtile_smem<G::Q4_K, 12>(), wtile_smem<G::Q6_K, 12>()), done_mixed)) {
       return true;
     }
-    if (nt4 && lone_rows == 0) {
-      go(matmul_wtile_set_kernel<G::Q4_K, G::Q6_K, 4>, std::max(wtile_smem<G::Q4_K, 4>(), wtile_smem<G::Q6_K, 4>()), 4);
+    if (rpb == 32) {
+      go(matmul_wtile_set_kernel<G::Q4_K, G::Q6_K, 4>, std::max(wtile_smem<G::Q4_K, 4>(), wtile_smem<G::Q6_K, 4>()));
     } else {
-      go(matmul_wtile_set_kernel<G::Q4_K, G::Q6_K, 8>, std::max(wtile_smem<G::Q4_K, 8>(), wtile_smem<G::Q6_K, 8>()), 8);
+      go(matmul_wtile_set_kernel<G::Q4_K, G::Q6_K, 8>, std::max(wtile_smem<G::Q4_K, 8>(), wtile_smem<G::Q6_K, 8>()));
     }
     return true;
   }
@@ -2726,10 +2728,10 @@ bool matmul_kquant_wtile_set(const DevMatrix *ws, float *const *ys, int n_mat, c
       static std::atomic<uint64_t> done{0};  // one per T: this lambda's body is instantiated per type
       if (wide > 0 && go_wide(matmul_wtile_set_kernel<T, T, 12>, wtile_smem<T, 12>(), done)) return;
     }
-    if (nt4 && lone_rows == 0) {
-      go(matmul_wtile_set_kernel<T, T, 4>, wtile_smem<T, 4>(), 4);
+    if (rpb == 32) {
+      go(matmul_wtile_set_kernel<T, T, 4>, wtile_smem<T, 4>());
     } else {
-      go(matmul_wtile_set_kernel<T, T, 8>, wtile_smem<T, 8>(), 8);
+      go(matmul_wtile_set_kernel<T, T, 8>, wtile_smem<T, 8>());
     }
   });
 }
