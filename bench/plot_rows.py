@@ -9,6 +9,13 @@ policy: interference only adds time; llama-bench's first repetition carries its 
 capture). No dependencies beyond the standard library.
 
     bench/plot_rows.py --geist rows.json --llama llama.json -o rows.svg --title "..."
+    bench/plot_rows.py --geist rows.json --llama llama.json --table [--align 16] [--threshold 0.05]
+
+--table prints, instead of drawing, a markdown table of both engines' ms per call at every n
+that both measured, each with its excess over the line through its aligned neighbours (the
+rule of `geist bench rows`: the nearest multiples of --align below and above n, 1 standing
+for 0; both engines must have measured both), and how many n each engine has above the
+threshold.
 """
 import argparse
 import json
@@ -37,6 +44,56 @@ def llama_points(path):
             continue
         pts[int(r["n_prompt"])] = (min(r["samples_ns"]) / 1e6, False)
     return pts
+
+
+def aligned_neighbours(n, align):
+    """bench_stats.cpp's aligned_neighbours: (lo, hi), lo None for n = 1."""
+    hi = (n // align + 1) * align
+    lo = max(1, (n - 1) // align * align) if n > 1 else None
+    return lo, hi
+
+
+def excesses(pts, align):
+    """n -> ms / line - 1 against the line through n's aligned neighbours, where both were measured."""
+    out = {}
+    for n, (ms, _) in pts.items():
+        lo, hi = aligned_neighbours(n, align)
+        if lo is None or lo not in pts or hi not in pts:
+            continue
+        tl, th = pts[lo][0], pts[hi][0]
+        line = tl + (th - tl) * (n - lo) / (hi - lo)
+        if line > 0:
+            out[n] = ms / line - 1
+    return out
+
+
+def table(series, align, threshold):
+    """Markdown: n, then per engine ms per call and excess (flagged ones in bold)."""
+    ns = sorted(set.intersection(*(set(pts) for _, pts, _ in series)))
+    # Each engine's line through the counts both measured, so both are tested at the same n.
+    ex = [excesses({n: pts[n] for n in ns}, align) for _, pts, _ in series]
+    head = ["rows"] + [h for name, _, _ in series for h in (f"{name} ms", f"{name} over line")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    flagged = [0] * len(series)
+    tested = [0] * len(series)
+    for n in ns:
+        cells = [str(n)]
+        for i, (_, pts, _) in enumerate(series):
+            cells.append(f"{pts[n][0]:.2f}")
+            e = ex[i].get(n)
+            if e is None:
+                cells.append("")
+                continue
+            tested[i] += 1
+            mark = e > threshold
+            flagged[i] += mark
+            cells.append(f"**{100 * e:+.1f} %**" if mark else f"{100 * e:+.1f} %")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    for i, (name, _, _) in enumerate(series):
+        lines.append(f"{name}: {flagged[i]} of {tested[i]} tested counts more than {100 * threshold:g} % above "
+                     f"the line (align {align})")
+    return "\n".join(lines)
 
 
 def svg(series, title, out):
@@ -101,11 +158,21 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--geist", required=True, help="geist bench rows --json output")
     ap.add_argument("--llama", required=True, help="llama-bench -o json output (-n 0, a list of -p)")
-    ap.add_argument("-o", "--output", required=True, help="SVG file to write")
+    ap.add_argument("-o", "--output", help="SVG file to write")
+    ap.add_argument("--table", action="store_true", help="print a markdown table of both curves' excesses instead")
+    ap.add_argument("--align", type=int, default=16, help="--table: row multiple of the aligned neighbours")
+    ap.add_argument("--threshold", type=float, default=0.05, help="--table: flag above this fraction")
     ap.add_argument("--title", default="prefill cost per row, one call of n rows")
     a = ap.parse_args()
-    svg([("geist", geist_points(a.geist), "#1f77b4"), ("llama.cpp", llama_points(a.llama), "#ff7f0e")], a.title,
-        a.output)
+    series = [("geist", geist_points(a.geist), "#1f77b4"), ("llama.cpp", llama_points(a.llama), "#ff7f0e")]
+    if a.table:
+        if a.align < 1:
+            raise SystemExit("--align must be at least 1")
+        print(table(series, a.align, a.threshold))
+        return 0
+    if not a.output:
+        raise SystemExit("-o FILE is needed (or --table)")
+    svg(series, a.title, a.output)
     return 0
 
 
