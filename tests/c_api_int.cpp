@@ -247,9 +247,10 @@ TEST(CApiStatic, StructLayoutsOfThePythonExample) {
   EXPECT_EQ(offsetof(geist_session_params, type_k), 20u);
   EXPECT_EQ(offsetof(geist_session_params, type_v), 24u);
   EXPECT_EQ(offsetof(geist_session_params, sampling), 32u);
-  EXPECT_EQ(sizeof(struct geist_session_stats), 18 * 8u);
+  EXPECT_EQ(sizeof(struct geist_session_stats), 19 * 8u);
   EXPECT_EQ(offsetof(struct geist_session_stats, kv_bytes_reserved), 14 * 8u);
   EXPECT_EQ(offsetof(struct geist_session_stats, last_decode_seconds), 17 * 8u);
+  EXPECT_EQ(offsetof(struct geist_session_stats, scratch_bytes), 18 * 8u);
 }
 
 TEST(CApiStatic, LastErrorIsThreadLocal) {
@@ -1361,6 +1362,28 @@ TEST_F(CApi, StatsCounters) {
   EXPECT_EQ(st.n_pins, 0u) << "a restore does not bring counters from the image";
   EXPECT_EQ(st.n_prefill_tokens, 0u);
   EXPECT_GT(st.checkpoint_bytes, 0u) << "the pin came with the image";
+}
+
+// The scratch a session reports is what its exec holds: set at create, the same after every
+// kind of request, and larger for a larger chunk (the activation buffers hold a chunk's rows).
+TEST_F(CApi, StatsScratchIsFixedAfterCreate) {
+  SessionPtr sp = make(64, 4);
+  geist_session *s = sp.get();
+  const uint64_t at_create = stats_of(s).scratch_bytes;
+  EXPECT_GT(at_create, 0u);
+  const std::vector<geist_token> sys = seq(10, 20), q = seq(12, 21);
+  ASSERT_EQ(geist_session_pin_prefix(s, sys.data(), sys.size()), GEIST_OK);
+  geist_token tok;
+  std::vector<float> out(3 * kVocab);
+  for (int r = 0; r < 20; ++r) {
+    ASSERT_EQ(geist_session_reset(s), GEIST_OK);
+    ASSERT_EQ(geist_session_prefill_tokens(s, q.data(), 1 + r % int(q.size())), GEIST_OK);
+    ASSERT_EQ(geist_session_decode_step(s, &tok), GEIST_OK);
+    ASSERT_EQ(geist_session_prefill_logits(s, q.data(), 3, 0, out.data(), out.size()), GEIST_OK);
+    ASSERT_EQ(stats_of(s).scratch_bytes, at_create) << "request " << r;
+  }
+  SessionPtr wide = make(64, 16);
+  EXPECT_GT(stats_of(wide.get()).scratch_bytes, at_create) << "a chunk of 16 rows holds more than one of 4";
 }
 
 // ---- Snapshots ------------------------------------------------------------------------

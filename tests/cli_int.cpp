@@ -371,7 +371,8 @@ TEST(CliTiny, RunGreedy) {
   const ProcResult r = run_geist(run_args(kPrompt, {"--temp", "0"}));
   expect_ok(r);
   EXPECT_NE(r.out.find_first_not_of(" \n"), std::string::npos) << "no generated text";
-  for (const char *w : {"load", "prefill 16 tokens", "decode 24 tokens", "tokens/s", "2 host threads", "CPU, "}) {
+  for (const char *w : {"load", "prefill 16 tokens", "decode 24 tokens", "tokens/s", "2 host threads", "CPU, ",
+                        "memory: weights ", " MiB repacked", ", KV ", " MiB reserved, scratch "}) {
     EXPECT_NE(r.err.find(w), std::string::npos) << w << "\n" << r.err;
   }
 }

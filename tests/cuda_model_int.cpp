@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "backends/cpu/ops.h"
+#include "backends/cuda/kernels.h"
 #include "decode_batch_check.h"
 #include "engine/model.h"
 #include "engine/session.h"
@@ -501,6 +502,45 @@ TEST(CudaModel, KvCacheLargerThanTheDevice) {
   ASSERT_TRUE(ok);
   const std::vector<int32_t> ids = random_ids(*gpu, 20, 1);
   EXPECT_TRUE(ok->prefill(ids.data(), ids.size()).is_ok());
+}
+
+// What a session reports (geist run's "device memory" line) is what the device lost: the
+// weights, the KV cache and the exec's scratch account for the device memory the model and a
+// session took, to within what the driver keeps for itself (the captured graphs, allocation
+// granules); and 200 more requests of the shapes already seen take no more of either.
+TEST(CudaModel, DeviceMemoryIsWeightsKvAndScratch) {
+  Result<uint64_t> before = cuda::device_memory_used(0);
+  if (!before) GTEST_SKIP() << before.status().message();
+  for (const std::string &path : model_paths()) {
+    SCOPED_TRACE(base(path));
+    const uint64_t used0 = cuda::device_memory_used(0).value();
+    LOAD_CUDA_OR_SKIP(gpu, path);
+    uint64_t used = 0, reported = 0, scratch = 0;
+    {
+      std::unique_ptr<Session> s = session(*gpu, 16, 256);
+      ASSERT_TRUE(s);
+      const std::vector<int32_t> pre = random_ids(*gpu, 24, 3), req = random_ids(*gpu, 40, 4);
+      ASSERT_TRUE(s->pin_prefix(pre.data(), pre.size()).is_ok());
+      auto request = [&] {
+        s->reset();
+        ASSERT_TRUE(s->prefill(req.data(), req.size()).is_ok());
+        int32_t tok = 0;
+        for (int i = 0; i < 4; ++i) ASSERT_TRUE(s->decode_step(&tok).is_ok());
+      };
+      for (int r = 0; r < 3; ++r) request();
+      used = cuda::device_memory_used(0).value() - used0;
+      scratch = s->scratch_bytes();
+      reported = gpu->info().packed_bytes + s->kv_bytes_reserved() + scratch;
+      std::printf("%s: device memory taken %.1f MiB, reported %.1f MiB (weights %.1f + KV %.1f + scratch %.1f)\n",
+                  base(path).c_str(), used / 1048576.0, reported / 1048576.0, gpu->info().packed_bytes / 1048576.0,
+                  s->kv_bytes_reserved() / 1048576.0, scratch / 1048576.0);
+      EXPECT_GE(used, reported) << "the report counts bytes the device did not lose";
+      EXPECT_LE(used, reported + reported / 10 + (uint64_t(96) << 20)) << "device memory the report does not see";
+      for (int r = 0; r < 200; ++r) request();
+      EXPECT_EQ(s->scratch_bytes(), scratch);
+      EXPECT_LE(cuda::device_memory_used(0).value() - used0, used + (uint64_t(4) << 20)) << "growth over 200 requests";
+    }
+  }
 }
 
 }  // namespace

@@ -444,6 +444,11 @@ struct geist_session_stats {
   uint64_t checkpoint_bytes;  /* held by the pin's sliding-window checkpoint */
   double last_prefill_seconds; /* the most recent prefill_tokens/prefill_logits call */
   double last_decode_seconds;  /* the most recent decode_step */
+  uint64_t scratch_bytes;     /* held for activations and step staging: device memory on a
+                               * GPU (the captured graphs' own memory is the driver's and not
+                               * counted), host memory on the CPU. Neither KV nor weights
+                               * (geist_backend_info.packed_bytes). Set at create and by the
+                               * first steps that need more, then fixed. */
 };
 typedef struct geist_session_stats geist_session_stats_t;
 

@@ -757,6 +757,7 @@ geist_status geist_session_stats(const geist_session *s, struct geist_session_st
   out->checkpoint_bytes = s->session->checkpoint_bytes();
   out->last_prefill_seconds = st.last_prefill_seconds;
   out->last_decode_seconds = st.last_decode_seconds;
+  out->scratch_bytes = s->session->scratch_bytes();
   return GEIST_OK;
 }
 

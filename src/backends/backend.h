@@ -63,6 +63,11 @@ class Exec {
   // Whether every buffer() so far got its memory (a device can run out): the session
   // checks it after reserve and refuses to start otherwise.
   virtual Status reserve_status() const { return Status::ok(); }
+  // Bytes this exec holds for its scratch: the activation buffers and whatever its steps
+  // stage (device memory on a device backend; its page-locked host staging is not counted).
+  // Not the KV cache, not the weights. It is set by reserve() and the first steps that need
+  // more (a longer context's attention partials, more sessions in one step), then fixed.
+  virtual uint64_t scratch_bytes() const = 0;
   // How many times a new session should run a throwaway decode step before its first
   // request, so that nothing is compiled or captured on a request's path (CUDA: the step is
   // captured into a graph the second time it is seen). 0: none needed.

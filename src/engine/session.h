@@ -176,6 +176,9 @@ class Session {
   const SamplerParams &sampling() const { return sampler_.params(); }
   const SessionStats &stats() const { return stats_; }
   size_t kv_bytes_reserved() const { return cache_->bytes_reserved(); }
+  // The exec's scratch (Exec::scratch_bytes: activations and step staging; device memory
+  // on a GPU).
+  uint64_t scratch_bytes() const { return exec_->scratch_bytes(); }
   size_t checkpoint_bytes() const;
 
  private:

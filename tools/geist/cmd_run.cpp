@@ -8,6 +8,7 @@
 // output is the same as without the cache (batch invariance), for any seed.
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -171,6 +172,21 @@ int run(const RunOptions &o) {
                prefill_s > 0 ? double(n_prefill) / prefill_s : 0.0, (unsigned long long)st.n_decode_tokens,
                st.decode_seconds * 1e3, st.decode_seconds > 0 ? double(st.n_decode_tokens) / st.decode_seconds : 0.0,
                s.n_threads(), s.n_threads() == 1 ? "" : "s", model.backend().device);
+  // What the run holds: on a GPU all of it is device memory (the captured graphs' own is the
+  // driver's); on the CPU the weights not repacked are read from the mapped file, and the KV
+  // cache is reserved address space.
+  const geist_backend_info b = model.backend();
+  const bool on_device = std::strcmp(b.backend, "cpu") != 0;
+  const double mib = 1048576.0;
+  const double w = double(b.packed_bytes) / mib, kv = double(st.kv_bytes_reserved) / mib,
+               sc = double(st.scratch_bytes) / mib;
+  if (on_device) {
+    std::fprintf(stderr, "device memory: weights %.1f MiB + KV %.1f MiB + scratch %.1f MiB = %.1f MiB\n", w, kv, sc,
+                 w + kv + sc);
+  } else {
+    std::fprintf(stderr, "memory: weights %.1f MiB repacked (the rest mapped from the file), KV %.1f MiB reserved, "
+                 "scratch %.1f MiB\n", w, kv, sc);
+  }
   return 0;
 }
 

@@ -207,6 +207,12 @@ class CpuExec final : public Exec {
     return {b.data(), width};
   }
 
+  uint64_t scratch_bytes() const override {
+    uint64_t n = rows_out_.capacity();
+    for (const std::vector<float> &b : bufs_) n += b.capacity();
+    return n * sizeof(float);
+  }
+
   int max_rows() const override { return max_rows_; }
   void begin_step(const int32_t *tokens, int n_rows, const StepSeq *seqs, int n_seqs) override {
     row_hosts_.clear();

@@ -247,6 +247,7 @@ class CudaExec final : public Exec {
     step_tokens_bytes_ = (size_t(max_rows_) * sizeof(int32_t) + 7) / 8 * 8;
     const size_t step_bytes = step_tokens_bytes_ + size_t(max_rows_) * sizeof(int64_t);
     GEIST_RETURN_IF_ERROR(alloc(&step_, step_bytes, "the step block"));
+    step_bytes_ = step_bytes;
     if (matmul_scratch_bytes_ > 0) GEIST_RETURN_IF_ERROR(alloc(&scratch_, matmul_scratch_bytes_, "matmul scratch"));
     // Pinned host staging for what each step uploads (tokens, pos0, the RoPE rows).
     Result<void *> h = cuda::host_alloc_pinned(step_bytes);
@@ -281,6 +282,15 @@ class CudaExec final : public Exec {
   }
 
   Status reserve_status() const override { return reserve_error_; }
+  // What this exec allocated with alloc() and holds between steps (buffers a step replaced
+  // are freed at its end). The captured graphs' own device memory is the driver's and is
+  // not counted.
+  uint64_t scratch_bytes() const override {
+    uint64_t n = step_bytes_ + (scratch_ ? matmul_scratch_bytes_ : 0) + attn_scratch_bytes_ + attn_counter_bytes_ +
+                 greedy_dev_bytes_;
+    for (const Buf &b : bufs_) n += b.n * sizeof(float);
+    return n;
+  }
   int warm_up_steps() const override { return graphs_ ? 2 : 0; }
 
   int max_rows() const override { return max_rows_; }
@@ -965,6 +975,7 @@ class CudaExec final : public Exec {
   CudaStream stream_ = nullptr;
   std::vector<Buf> bufs_;
   void *step_ = nullptr;
+  size_t step_bytes_ = 0;
   size_t step_tokens_bytes_ = 0;
   uint8_t *host_step_ = nullptr;                 // pinned
   std::unordered_map<int, float *> host_rope_;   // pinned, max_rows x rot_dim each

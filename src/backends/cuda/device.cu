@@ -64,6 +64,17 @@ Result<DeviceInfo> device_info(int index) {
 
 Status set_device(int index) { return cuda_status(cudaSetDevice(index), "cudaSetDevice"); }
 
+Result<uint64_t> device_memory_used(int index) {
+  GEIST_RETURN_IF_ERROR(set_device(index));
+  size_t free = 0, total = 0;
+  const cudaError_t e = cudaMemGetInfo(&free, &total);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return cuda_status(e, "cudaMemGetInfo");
+  }
+  return uint64_t(total - free);
+}
+
 std::string describe(const DeviceInfo &d) {
   char buf[256];
   std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %.1f GiB, driver %d.%d, runtime %d.%d)", d.name.c_str(), d.cc_major,

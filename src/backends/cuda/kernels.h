@@ -54,6 +54,9 @@ Result<int> device_count();
 Result<DeviceInfo> device_info(int index);
 // Makes `index` the calling thread's current device.
 Status set_device(int index);
+// Bytes of device `index` in use by every process (total minus free, cudaMemGetInfo); makes
+// it the calling thread's current device.
+Result<uint64_t> device_memory_used(int index);
 // "NVIDIA H200 (sm_90, 139.8 GiB, driver 13.0, runtime 13.0)"
 std::string describe(const DeviceInfo &d);
 
