@@ -39,7 +39,7 @@ class SessionStats(C.Structure):  # struct geist_session_stats
         "n_prefill_tokens", "prefill_seconds", "n_decode_tokens", "decode_seconds", "n_pins",
         "n_pinned_tokens", "pin_seconds", "n_resets", "reset_seconds", "n_reset_rows", "n_snapshots",
         "snapshot_seconds", "n_restores", "restore_seconds", "kv_bytes_reserved", "checkpoint_bytes",
-        "last_prefill_seconds", "last_decode_seconds")]
+        "last_prefill_seconds", "last_decode_seconds", "scratch_bytes")]
 
 
 def load_lib(path):
