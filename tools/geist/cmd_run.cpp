@@ -163,6 +163,7 @@ int run(const RunOptions &o) {
   emit("\n");
 
   const geist_session_stats_t st = s.stats();
+  const geist_backend_info b = model.backend();
   const uint64_t n_prefill = st.n_prefill_tokens + st.n_pinned_tokens;
   const double prefill_s = st.prefill_seconds + st.pin_seconds;
   std::fprintf(stderr,
@@ -171,11 +172,10 @@ int run(const RunOptions &o) {
                load_s * 1e3, (unsigned long long)n_prefill, prefill_s * 1e3,
                prefill_s > 0 ? double(n_prefill) / prefill_s : 0.0, (unsigned long long)st.n_decode_tokens,
                st.decode_seconds * 1e3, st.decode_seconds > 0 ? double(st.n_decode_tokens) / st.decode_seconds : 0.0,
-               s.n_threads(), s.n_threads() == 1 ? "" : "s", model.backend().device);
+               s.n_threads(), s.n_threads() == 1 ? "" : "s", b.device);
   // What the run holds: on a GPU all of it is device memory (the captured graphs' own is the
   // driver's); on the CPU the weights not repacked are read from the mapped file, and the KV
   // cache is reserved address space.
-  const geist_backend_info b = model.backend();
   const bool on_device = std::strcmp(b.backend, "cpu") != 0;
   const double mib = 1048576.0;
   const double w = double(b.packed_bytes) / mib, kv = double(st.kv_bytes_reserved) / mib,
