@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -1708,7 +1709,21 @@ CUDA_TEST(CudaOps, DISABLED_PerfDecode) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
+  // GEIST_PERF_SHAPES=a,b: only the shapes whose name and type ("E4B gate+up Q4_K") contain
+  // one of the comma-separated pieces (for comparing knobs in a few seconds).
+  const char *only = std::getenv("GEIST_PERF_SHAPES");
+  auto wanted = [&](const Shape &sh) {
+    if (only == nullptr || *only == 0) return true;
+    const std::string name = std::string(sh.what) + " " + quant::type_name(sh.t), list = only;
+    for (size_t b = 0; b <= list.size();) {
+      const size_t e = std::min(list.find(',', b), list.size());
+      if (e > b && name.find(list.substr(b, e - b)) != std::string::npos) return true;
+      b = e + 1;
+    }
+    return false;
+  };
   for (const Shape &sh : shapes) {
+    if (!wanted(sh)) continue;
     const std::vector<uint8_t> w1 = random_matrix(sh.t, sh.k, sh.n, rng);
     const size_t per_call = w1.size() * size_t(sh.n_mat);
     std::vector<uint8_t> w;
