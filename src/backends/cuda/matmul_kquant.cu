@@ -1788,13 +1788,9 @@ void launch_wtile(const DevMatrix &wm, const int8_t *xq, const float *xd, float 
 // one thread per output adds them in block order. The same integer sums and the same f32
 // steps in the same order as every other kernel: the same bits.
 
-// Threads per block: 128 by default, 256 by GEIST_CUDA_MVS_THREADS=256 (twice the warps per
-// SM where the grid is what limits them: E4B's gate+up is 4.85 blocks per SM of 132).
 constexpr int kMvsThreads = 128;
-constexpr int kMvsThreadsWide = 256;
 
 struct MvsShape {
-  int nt;    // threads per block: kMvsThreads or kMvsThreadsWide
   int tr;    // outputs per block of threads: 8, 16 or 32 (4 by GEIST_CUDA_MVS_TR)
   int sb;    // super-blocks per slice
   int nbuf;  // slice buffers
@@ -1991,8 +1987,8 @@ __device__ __forceinline__ void cp_async_wait_upto(int pending) {
 
 // set.first[m]: tiles of TR outputs before matrix m. Every row pointer is 16-byte aligned
 // (the launcher checks), as are xq and the row pieces (Q4_K / Q5_K blocks are 144 / 176 bytes).
-template <GgmlType T, int NR, int NT>
-__global__ void __launch_bounds__(NT)
+template <GgmlType T, int NR>
+__global__ void __launch_bounds__(kMvsThreads)
     mvs_kernel(MvSet set, int64_t K, const int8_t *__restrict__ xq, const float *__restrict__ xd, MvsShape sh) {
   using L = KQ<T>;
   extern __shared__ __align__(16) uint8_t mvs_sm[];
@@ -2020,7 +2016,7 @@ __global__ void __launch_bounds__(NT)
   // tid % lpr + lpr, ...: a group of lpr threads reads 16 lpr consecutive bytes of a row. No
   // chunk runs past the matrix: a piece's chunks end at or before its row's 16-byte aligned
   // end, and the launcher checks that the matrix ends 16-byte aligned.
-  const int lpr = NT / tr, my_r = tid / lpr, my_j = tid % lpr;
+  const int lpr = kMvsThreads / tr, my_r = tid / lpr, my_j = tid % lpr;
   auto stage = [&](int s, int slot) {
     if (my_r < rows) {
       const int b0 = s * sb, nbs = nb - b0 < sb ? nb - b0 : sb;
@@ -2047,9 +2043,9 @@ __global__ void __launch_bounds__(NT)
   // (for Q4_K / Q5_K two neighbouring lanes add theirs into a 32-element sum; the loop's trip
   // count is the block's, so every lane takes part in the shuffle).
   const int n16 = NR * int(K / 16);
-  for (int b = tid; b < NR * nb; b += NT) xdl[b] = xd[b];
+  for (int b = tid; b < NR * nb; b += kMvsThreads) xdl[b] = xd[b];
 #pragma unroll 4
-  for (int i0 = 0; i0 < n16; i0 += NT) {
+  for (int i0 = 0; i0 < n16; i0 += kMvsThreads) {
     const int i = i0 + tid;
     int v = 0;
     if (i < n16) {
@@ -2066,7 +2062,7 @@ __global__ void __launch_bounds__(NT)
     }
   }
 
-  const int groups = 32 / tr, row = lane % tr, worker = warp * groups + lane / tr, workers = (NT / 32) * groups;
+  const int groups = 32 / tr, row = lane % tr, worker = warp * groups + lane / tr, workers = 4 * groups;
   int issued = first, slot = 0;
   for (int s = 0; s < ns; ++s) {
     cp_async_wait_upto(issued - s - 1);
@@ -2093,7 +2089,7 @@ __global__ void __launch_bounds__(NT)
     if (issued < ns) stage(issued++, slot);
     slot = slot + 1 == nbuf ? 0 : slot + 1;
   }
-  for (int t = tid; t < NR * tr; t += NT) {
+  for (int t = tid; t < NR * tr; t += kMvsThreads) {
     const int q = t / tr, o = t % tr;
     if (o < rows) {
       float acc = 0.0f;
@@ -2128,8 +2124,7 @@ MvsShape mvs_shape(int64_t outputs, int64_t nb) {
   // around it (a thread's next chunks of the row are then L2 hits): H100, PerfDecode, E4B
   // gate+up 15.53 / 15.51 -> 14.78 / 14.80 us, the other shapes within 0.1 us.
   static const bool l2pf = env_int("GEIST_CUDA_MVS_L2PF", 1) != 0;
-  static const int f_nt = env_int("GEIST_CUDA_MVS_THREADS", 0) == kMvsThreadsWide ? kMvsThreadsWide : kMvsThreads;
-  MvsShape sh{f_nt, 8, 16, 2, l2pf};
+  MvsShape sh{8, 16, 2, l2pf};
   if (outputs / 32 >= want) {
     sh.tr = 32;
   } else if (outputs / 16 >= want) {
@@ -2138,7 +2133,7 @@ MvsShape mvs_shape(int64_t outputs, int64_t nb) {
   if (f_tr == 4 || f_tr == 8 || f_tr == 16 || f_tr == 32) sh.tr = f_tr;
   // About one super-block per thread and slice; the whole row in one slice where it is at
   // most twice that.
-  sh.sb = sh.nt / sh.tr;
+  sh.sb = kMvsThreads / sh.tr;
   if (nb <= 2 * sh.sb) {
     sh.sb = int(nb);
     sh.nbuf = 1;
@@ -2222,16 +2217,15 @@ bool launch_mvs(const DevMatrix *ws, float *const *ys, int n_mat, const int8_t *
         set.n_out[m] = ws[m].n_out;
         set.first[m + 1] = set.first[m] + (ws[m].n_out + sh.tr - 1) / sh.tr;
       }
-      launch_smem(kernel, dim3(unsigned(set.first[n_mat])), dim3(unsigned(sh.nt)), smem, s, set, K, xq, xd, sh);
+      launch_smem(kernel, dim3(unsigned(set.first[n_mat])), dim3(kMvsThreads), smem, s, set, K, xq, xd, sh);
       ok = true;
     };
-    static std::atomic<uint64_t> done[8];
-    const bool wide = sh.nt == kMvsThreadsWide;
+    static std::atomic<uint64_t> done[4];
     switch (n_rows) {
-      case 1: wide ? go(mvs_kernel<T, 1, kMvsThreadsWide>, done[4]) : go(mvs_kernel<T, 1, kMvsThreads>, done[0]); break;
-      case 2: wide ? go(mvs_kernel<T, 2, kMvsThreadsWide>, done[5]) : go(mvs_kernel<T, 2, kMvsThreads>, done[1]); break;
-      case 3: wide ? go(mvs_kernel<T, 3, kMvsThreadsWide>, done[6]) : go(mvs_kernel<T, 3, kMvsThreads>, done[2]); break;
-      default: wide ? go(mvs_kernel<T, 4, kMvsThreadsWide>, done[7]) : go(mvs_kernel<T, 4, kMvsThreads>, done[3]); break;
+      case 1: go(mvs_kernel<T, 1>, done[0]); break;
+      case 2: go(mvs_kernel<T, 2>, done[1]); break;
+      case 3: go(mvs_kernel<T, 3>, done[2]); break;
+      default: go(mvs_kernel<T, 4>, done[3]); break;
     }
     return ok;
   }
