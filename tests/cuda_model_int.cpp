@@ -508,48 +508,63 @@ TEST(CudaModel, KvCacheLargerThanTheDevice) {
 // weights, the KV cache and the exec's scratch account for the device memory the model and a
 // session took, to within what the driver keeps for itself (the captured graphs, allocation
 // granules); and 200 more requests of the shapes already seen take no more of either.
+// cudaMemGetInfo counts the whole device, so another process allocating or freeing beside
+// this one moves the count (it did on the H100, 2026-12-07: 7 of 16 model ctest entries failed
+// here while the ops tests ran beside them, and passed alone): a model is measured up to 4
+// times and passes if one measurement is within the bounds; every one is printed.
 TEST(CudaModel, DeviceMemoryIsWeightsKvAndScratch) {
 #if !(defined(GEIST_HAVE_CUDA) && GEIST_HAVE_CUDA)
   GTEST_SKIP() << "built without CUDA (-DGEIST_CUDA=ON)";
 #else
   Result<uint64_t> before = cuda::device_memory_used(0);
   if (!before) GTEST_SKIP() << before.status().message();
+  auto used_since = [](uint64_t used0) { return int64_t(cuda::device_memory_used(0).value()) - int64_t(used0); };
   for (const std::string &path : model_paths()) {
     SCOPED_TRACE(base(path));
-    // One session's life on the model: pin, then requests (reset, prefill, 4 decodes).
-    auto run = [&](const Model &m, int warm, int more, uint64_t used0) {
+    // One session's life on the model: pin, then requests (reset, prefill, 4 decodes). With
+    // more > 0: what is wrong with the device's count against the report ("" if nothing).
+    auto run = [&](const Model &m, int warm, int more, uint64_t used0) -> std::string {
       std::unique_ptr<Session> s = session(m, 16, 256);
-      ASSERT_TRUE(s);
+      if (!s) return "no session";
       const std::vector<int32_t> pre = random_ids(m, 24, 3), req = random_ids(m, 40, 4);
-      ASSERT_TRUE(s->pin_prefix(pre.data(), pre.size()).is_ok());
+      EXPECT_TRUE(s->pin_prefix(pre.data(), pre.size()).is_ok());
       auto request = [&] {
         s->reset();
-        ASSERT_TRUE(s->prefill(req.data(), req.size()).is_ok());
+        EXPECT_TRUE(s->prefill(req.data(), req.size()).is_ok());
         int32_t tok = 0;
-        for (int i = 0; i < 4; ++i) ASSERT_TRUE(s->decode_step(&tok).is_ok());
+        for (int i = 0; i < 4; ++i) EXPECT_TRUE(s->decode_step(&tok).is_ok());
       };
       for (int r = 0; r < warm; ++r) request();
-      if (more == 0) return;
-      const uint64_t used = cuda::device_memory_used(0).value() - used0, scratch = s->scratch_bytes();
-      const uint64_t weights = m.info().packed_bytes, kv = s->kv_bytes_reserved(), reported = weights + kv + scratch;
+      if (more == 0) return "";
+      const int64_t used = used_since(used0), scratch = int64_t(s->scratch_bytes());
+      const int64_t weights = int64_t(m.info().packed_bytes), kv = int64_t(s->kv_bytes_reserved());
+      const int64_t reported = weights + kv + scratch;
       std::printf("%s: device memory taken %.1f MiB, reported %.1f MiB (weights %.1f + KV %.1f + scratch %.1f)\n",
                   base(path).c_str(), used / 1048576.0, reported / 1048576.0, weights / 1048576.0, kv / 1048576.0,
                   scratch / 1048576.0);
-      EXPECT_GE(used, reported) << "the report counts bytes the device did not lose";
-      EXPECT_LE(used, reported + reported / 10 + (uint64_t(64) << 20)) << "device memory the report does not see";
       for (int r = 0; r < more; ++r) request();
-      EXPECT_EQ(s->scratch_bytes(), scratch);
-      EXPECT_LE(cuda::device_memory_used(0).value() - used0, used + (uint64_t(4) << 20)) << "growth over the requests";
+      EXPECT_EQ(int64_t(s->scratch_bytes()), scratch);
+      const int64_t after = used_since(used0);
+      std::printf("%s: after %d more requests %.1f MiB\n", base(path).c_str(), more, after / 1048576.0);
+      if (used < reported) return "the report counts bytes the device did not lose";
+      if (used > reported + reported / 10 + (int64_t(64) << 20)) return "device memory the report does not see";
+      if (after > used + (int64_t(4) << 20)) return "growth over the requests";
+      return "";
     };
     {
       // The kernels this model runs are loaded into the context (lazily, on first launch)
       // before the measurement, so that their code is not counted against the report.
       LOAD_CUDA_OR_SKIP(warm, path);
-      run(*warm, 2, 0, 0);
+      (void)run(*warm, 2, 0, 0);
     }
-    const uint64_t used0 = cuda::device_memory_used(0).value();
-    LOAD_CUDA_OR_SKIP(gpu, path);
-    run(*gpu, 3, 200, used0);
+    std::string why = "not measured";
+    for (int attempt = 0; attempt < 4 && !why.empty(); ++attempt) {
+      const uint64_t used0 = cuda::device_memory_used(0).value();
+      LOAD_CUDA_OR_SKIP(gpu, path);
+      why = run(*gpu, 3, 200, used0);
+      if (!why.empty()) std::printf("%s: measurement %d: %s\n", base(path).c_str(), attempt + 1, why.c_str());
+    }
+    EXPECT_EQ(why, "") << "in each of 4 measurements (the last one's reason)";
   }
 #endif
 }
