@@ -1055,7 +1055,7 @@ class CudaBackend final : public Backend {
     const double t0 = now_seconds();
     GEIST_RETURN_IF_ERROR(on_device(cuda::set_device(device_), name_, "selecting the device"));
     constexpr size_t kAlign = 256;
-    auto padded = [&](size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
+    auto padded = [&](size_t bytes) { return (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign; };
     size_t total = 0;
     std::unordered_set<const void *> counted;
     for (const auto *list : {&w.matrices, &w.tables, &w.vectors}) {
