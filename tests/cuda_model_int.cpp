@@ -509,8 +509,8 @@ TEST(CudaModel, KvCacheLargerThanTheDevice) {
 // session took, to within what the driver keeps for itself (the captured graphs, allocation
 // granules); and 200 more requests of the shapes already seen take no more of either.
 // cudaMemGetInfo counts the whole device, so another process allocating or freeing beside
-// this one moves the count (it did on the H100, 2026-12-07: 7 of 16 model ctest entries failed
-// here while the ops tests ran beside them, and passed alone): a model is measured up to 4
+// this one moves the count (H100, 2026-12-07: 8 of the 15 model ctest variants failed while
+// the ops tests ran beside them; the two rerun alone passed): a model is measured up to 4
 // times and passes if one measurement is within the bounds; every one is printed.
 TEST(CudaModel, DeviceMemoryIsWeightsKvAndScratch) {
 #if !(defined(GEIST_HAVE_CUDA) && GEIST_HAVE_CUDA)
