@@ -34,6 +34,13 @@ Status on_device(const Status &s, const std::string &device, const char *what) {
   return Status(s.code(), std::string(what) + " on " + device + ": " + s.message());
 }
 
+// Bytes a weight tensor or KV ring takes in a shared device allocation: at least 1, rounded
+// up to 256 (the alignment cudaMalloc gives an allocation of its own).
+size_t arena_bytes(size_t bytes) {
+  constexpr size_t kAlign = 256;
+  return (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+}
+
 // A KvBuffer in device memory. read() copies out on a stream of its own (a non-blocking
 // one: it waits for nothing a session runs, and no session waits for it).
 class DeviceKvBuffer final : public KvBuffer {
@@ -81,16 +88,15 @@ class CudaKvStore final : public KvStore {
   // one allocation at 256-byte aligned offsets (as the weights: one cudaMalloc per ring would
   // round each up to the driver's pages).
   Status allocate() {
-    constexpr size_t kAlign = 256;
-    std::vector<size_t> sizes;
+    std::vector<size_t> sizes;  // each ring's share of the allocation
     for (int l = 0; l < 2 * n_layers(); ++l) {
       const int ll = l % n_layers();
       const int64_t cap = l < n_layers() ? capacity(ll) : checkpoint_capacity(ll);
-      sizes.push_back(size_t(cap) * row_bytes_k(ll));
-      sizes.push_back(size_t(cap) * row_bytes_v(ll));
+      sizes.push_back(arena_bytes(size_t(cap) * row_bytes_k(ll)));
+      sizes.push_back(arena_bytes(size_t(cap) * row_bytes_v(ll)));
     }
     size_t total = 0;
-    for (size_t b : sizes) total += (std::max<size_t>(b, 1) + kAlign - 1) / kAlign * kAlign;
+    for (size_t b : sizes) total += b;
     Result<void *> p = cuda::device_alloc(total);
     if (!p) {
       return GEIST_ERROR(GEIST_E_OUT_OF_MEMORY,
@@ -103,7 +109,7 @@ class CudaKvStore final : public KvStore {
     size_t off = 0;
     for (size_t b : sizes) {
       rings_.push_back(static_cast<uint8_t *>(arena_) + off);
-      off += (std::max<size_t>(b, 1) + kAlign - 1) / kAlign * kAlign;
+      off += b;
     }
     bytes_ = total;
     return Status::ok();
@@ -1054,8 +1060,6 @@ class CudaBackend final : public Backend {
   Status prepare(const ModelWeights &w, const std::function<void(const void *, size_t)> &release) override {
     const double t0 = now_seconds();
     GEIST_RETURN_IF_ERROR(on_device(cuda::set_device(device_), name_, "selecting the device"));
-    constexpr size_t kAlign = 256;
-    auto padded = [&](size_t bytes) { return (std::max<size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign; };
     size_t total = 0;
     std::unordered_set<const void *> counted;
     for (const auto *list : {&w.matrices, &w.tables, &w.vectors}) {
@@ -1065,7 +1069,9 @@ class CudaBackend final : public Backend {
           return GEIST_ERROR(GEIST_E_UNSUPPORTED, "the CUDA backend cannot multiply %s weights",
                              quant::type_name(v->type));
         }
-        if (!uploaded_.count(v->data) && counted.insert(v->data).second) total += padded(v->row_bytes * size_t(v->n_out));
+        if (!uploaded_.count(v->data) && counted.insert(v->data).second) {
+          total += arena_bytes(v->row_bytes * size_t(v->n_out));
+        }
       }
     }
     uint8_t *arena = nullptr;
@@ -1087,7 +1093,7 @@ class CudaBackend final : public Backend {
         if (it == uploaded_.end()) {
           const size_t bytes = v->row_bytes * size_t(v->n_out);
           it = uploaded_.emplace(v->data, arena + off).first;
-          off += padded(bytes);
+          off += arena_bytes(bytes);
           GEIST_RETURN_IF_ERROR(on_device(cuda::upload(it->second, v->data, bytes), name_, "uploading weights"));
         }
         v->device = static_cast<const uint8_t *>(it->second);
