@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -99,12 +100,19 @@ struct Case {
   int64_t slack;  // heap bytes
 };
 
+const char *mode_name(Mode m) { return m == Mode::kFull ? "full" : m == Mode::kPin ? "pin" : "snapshot"; }
+
+// How gtest prints a Case (ctest's listing and failure messages): without it gtest dumps the
+// struct's raw bytes, pointer and padding included, so the listing changed from build to build.
+void PrintTo(const Case &c, std::ostream *os) {
+  *os << c.model << ' ' << mode_name(c.mode) << ' ' << c.threads << "t " << c.requests << " requests";
+}
+
 std::string case_name(const ::testing::TestParamInfo<Case> &info) {
   std::string m = info.param.model;
   m = m.substr(m.find_last_of('/') + 1);
   m = m.substr(0, m.find('.'));
-  const char *mode = info.param.mode == Mode::kFull ? "full" : info.param.mode == Mode::kPin ? "pin" : "snapshot";
-  return m + "_" + mode + "_" + std::to_string(info.param.threads) + "t";
+  return m + "_" + mode_name(info.param.mode) + "_" + std::to_string(info.param.threads) + "t";
 }
 
 class SessionMemoryInt : public ::testing::TestWithParam<Case> {};
