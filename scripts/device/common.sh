@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034
 # Sourced on the lent GPU machine from the checkout root, by a call's script:
 #   run(command="bash my_call.sh", carry=[".device", ".gpu-carry"])
 # with my_call.sh starting `. scripts/device/common.sh`. It tees the output to $OUT/log,
