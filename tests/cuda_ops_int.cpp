@@ -1856,6 +1856,54 @@ CUDA_TEST(CudaOps, DISABLED_PerfAttention) {
 // Logits rows (262144 floats each) downloaded to page-locked memory (what a session's
 // logits buffer is on CUDA, Exec::host_floats) against pageable memory, reused and fresh
 // per call, and the host copy a batched step used to make of them: median of 200, us.
+// What a kernel boundary costs inside a graph (programmatic dependent launch on, as in the
+// model) against a grid-wide barrier inside one persistent kernel: the question behind a
+// persistent whole-layer decode kernel (CUDA.md, "What a kernel boundary costs"). A decode
+// step is a chain of ~10 dependent steps per layer, each of which reads a vector the one
+// before wrote. Information, not a check; but the two probes must give the same bits.
+CUDA_TEST(CudaOps, DISABLED_PerfBoundary) {
+  REQUIRE_CUDA();
+  cu::CudaStream s = cuda_env().s;
+  Result<cu::DeviceInfo> info = cu::device_info(0);
+  ASSERT_TRUE(info) << info.status().message();
+  const int sms = info->sm_count;
+  constexpr int kSteps = 200;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int n : {640, 2560}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float &v : x) v = nd(rng);
+    DevBuf a(x), b(x), a2(x), b2(x), count(16);
+    for (int blocks : {1, 8, 32, sms, 2 * sms}) {
+      // Same bits: one run of each from the same start.
+      a.put(x.data(), x.size() * 4);
+      a2.put(x.data(), x.size() * 4);
+      CU_OK(cu::chain_probe(a.as<float>(), b.as<float>(), n, kSteps, blocks, s));
+      CU_OK(cu::barrier_probe(a2.as<float>(), b2.as<float>(), n, kSteps, blocks, count.as<unsigned>(), s));
+      CU_OK(cu::stream_sync(s));
+      const std::vector<float> ya = a.get<float>(x.size()), yb = a2.get<float>(x.size());
+      EXPECT_EQ(std::memcmp(ya.data(), yb.data(), x.size() * 4), 0) << "n " << n << ", " << blocks << " blocks";
+      // The chain as the model runs it: captured in a graph, replayed.
+      CU_OK(cu::graph_capture_begin(s));
+      (void)cu::chain_probe(a.as<float>(), b.as<float>(), n, kSteps, blocks, s);
+      Result<cu::CudaGraph> g = cu::graph_capture_end(s);
+      ASSERT_TRUE(g) << g.status().message();
+      std::vector<double> chain, barrier;
+      for (int rep = 0; rep < 7; ++rep) {
+        chain.push_back(time_ms([&] { (void)cu::graph_launch(*g, s); }, 5));
+        barrier.push_back(time_ms(
+            [&] { (void)cu::barrier_probe(a2.as<float>(), b2.as<float>(), n, kSteps, blocks, count.as<unsigned>(), s); }, 5));
+      }
+      cu::graph_destroy(*g);
+      std::sort(chain.begin(), chain.end());
+      std::sort(barrier.begin(), barrier.end());
+      std::printf("PERF boundary n %4d, %3d blocks of 256: a kernel per step (graph) %6.2f us/step, one kernel with a grid "
+                  "barrier per step %6.2f us/step (medians of 7, %d steps)\n",
+                  n, blocks, 1e3 * chain[3] / kSteps, 1e3 * barrier[3] / kSteps, kSteps);
+    }
+  }
+}
+
 CUDA_TEST(CudaOps, DISABLED_PerfDownload) {
   REQUIRE_CUDA();
   cu::CudaStream s = cuda_env().s;

@@ -610,6 +610,83 @@ Status read_probe(const void *p, size_t bytes, unsigned *sink, CudaStream s) {
   return launch_status("cuda::read_probe");
 }
 
+// ---- what a kernel boundary costs against a grid barrier (CudaOps.DISABLED_PerfBoundary) ----
+// One step of a chain shaped like a decode step's dependencies: every block reads the whole
+// vector the step before wrote (from L2, past L1: in the persistent kernel other blocks wrote
+// it), sums it, and writes its slice of the next vector from that sum. Fixed order, so both
+// probes below give the same bits.
+__device__ __forceinline__ void probe_step(const float *in, float *out, int n, int blk, int blocks, float *red) {
+  float acc = 0.0f;
+  for (int i = int(threadIdx.x); i < n; i += 256) acc = __fadd_rn(acc, __ldcg(in + i));
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) acc = __fadd_rn(acc, __shfl_xor_sync(0xffffffffu, acc, o));
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = acc;
+  __syncthreads();
+  float tot = 0.0f;
+#pragma unroll
+  for (int w = 0; w < 8; ++w) tot = __fadd_rn(tot, red[w]);
+  __syncthreads();  // red is written again by the next step
+  const int per = (n + blocks - 1) / blocks, i0 = blk * per, i1 = min(n, i0 + per);
+  for (int i = i0 + int(threadIdx.x); i < i1; i += 256) out[i] = __fadd_rn(__fmul_rn(__ldcg(in + i), 0.5f), __fmul_rn(tot, 1e-6f));
+}
+
+__global__ void __launch_bounds__(256) chain_probe_kernel(const float *in, float *out, int n) {
+  __shared__ float red[8];
+  dev::pdl_start();
+  probe_step(in, out, n, int(blockIdx.x), int(gridDim.x), red);
+}
+
+// Every step in one kernel, a grid-wide barrier between them: a counter every block adds 1 to
+// after its step (release), then waits until it reaches (step + 1) x blocks (acquire). The
+// blocks must all be resident at once: the launch is cooperative.
+__global__ void __launch_bounds__(256) barrier_probe_kernel(float *a, float *b, int n, int steps, unsigned *count) {
+  __shared__ float red[8];
+  for (int st = 0; st < steps; ++st) {
+    probe_step(st % 2 ? b : a, st % 2 ? a : b, n, int(blockIdx.x), int(gridDim.x), red);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(count, 1u);
+      const unsigned target = unsigned(st + 1) * gridDim.x;
+      unsigned seen = 0;
+      do {
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+      } while (seen < target);
+    }
+    __syncthreads();
+  }
+}
+
+Status chain_probe(float *a, float *b, int n, int steps, int blocks, CudaStream s) {
+  if (n <= 0 || steps < 0 || blocks <= 0) return bad_arg("cuda::chain_probe: n, steps or blocks out of range");
+  for (int st = 0; st < steps; ++st) {
+    launch(chain_probe_kernel, unsigned(blocks), 256, s, st % 2 ? b : a, st % 2 ? a : b, n);
+  }
+  return launch_status("cuda::chain_probe");
+}
+
+Status barrier_probe(float *a, float *b, int n, int steps, int blocks, unsigned *count, CudaStream s) {
+  if (n <= 0 || steps < 0 || blocks <= 0) return bad_arg("cuda::barrier_probe: n, steps or blocks out of range");
+  int per_sm = 0, dev = 0, sms = 0;
+  GEIST_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&dev), "cudaGetDevice"));
+  GEIST_RETURN_IF_ERROR(cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute"));
+  GEIST_RETURN_IF_ERROR(cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, barrier_probe_kernel, 256, 0),
+                                    "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
+  if (blocks > per_sm * sms) return bad_arg("cuda::barrier_probe: more blocks than can be resident at once");
+  GEIST_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(count, 0, sizeof(unsigned), s), "cudaMemsetAsync"));
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned(blocks));
+  cfg.blockDim = dim3(256);
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  (void)cudaLaunchKernelEx(&cfg, barrier_probe_kernel, a, b, n, steps, count);
+  return launch_status("cuda::barrier_probe");
+}
+
 Status add_inplace(float *x, const float *y, int64_t n, CudaStream s) {
   if (n <= 0) return n == 0 ? Status::ok() : bad_arg("cuda::add_inplace: n < 0");
   launch(add_kernel, blocks_for(n, 256), 256, s, x, y, n);
