@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call (~250 s on an H100 with the models made there): geist against llama.cpp on the
+# One device call (~250 s on an H100 with the models made there): CudaOps.DISABLED_PerfBoundary,
+# geist against llama.cpp on the
 # E4B and Gemma 3 270M geometries (bench/compare_llamacpp, 3 alternating rounds), the pinned
 # workload, and the E4B row sweep of both engines (geist every n in 1..512, llama-bench the
 # counts in ROWS_LLAMA). Needs .gpu-carry/llama-bench.xz (docs/CUDA.md says how to build it)
@@ -9,6 +10,9 @@
 . scripts/device/common.sh
 TS=$(date +%s); left() { echo $(( ${BUDGET:-590} - ($(date +%s) - TS) )); }
 models
+step "a kernel boundary against a grid barrier (CUDA.md), PDL on, then off"
+timeout 60 "$OPS" --gtest_also_run_disabled_tests --gtest_filter='*PerfBoundary' 2>&1 | grep "PERF\|Failure\|FAILED\|OK \]"
+GEIST_CUDA_PDL=0 timeout 60 "$OPS" --gtest_also_run_disabled_tests --gtest_filter='*PerfBoundary' 2>&1 | grep "PERF\|FAILED"
 waitmodels
 step "geist run (left $(left))"
 timeout 30 "$G" run --backend cuda -m /tmp/e4b.gguf -p "hello" -n 16 2>&1 | tail -2
