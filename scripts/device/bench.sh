@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (~250 s on an H100 with the models made there): CudaOps.DISABLED_PerfBoundary,
-# geist against llama.cpp on the
-# E4B and Gemma 3 270M geometries (bench/compare_llamacpp, 3 alternating rounds), the pinned
+# geist against llama.cpp on the E4B and Gemma 3 270M geometries (bench/compare_llamacpp, 3
+# alternating rounds), the pinned
 # workload, and the E4B row sweep of both engines (geist every n in 1..512, llama-bench the
 # counts in ROWS_LLAMA). Needs .gpu-carry/llama-bench.xz (docs/CUDA.md says how to build it)
 # for the llama.cpp parts. JSON results land in $OUT. Run from the checkout here:
