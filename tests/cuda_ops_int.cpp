@@ -1853,9 +1853,34 @@ CUDA_TEST(CudaOps, DISABLED_PerfAttention) {
   }
 }
 
-// Logits rows (262144 floats each) downloaded to page-locked memory (what a session's
-// logits buffer is on CUDA, Exec::host_floats) against pageable memory, reused and fresh
-// per call, and the host copy a batched step used to make of them: median of 200, us.
+// The probes' chain on the host, in their order of operations (cuda::chain_probe's comment):
+// per block, thread t sums elements t, t + 256, ...; each warp adds its lanes by the xor tree
+// (every lane ends with the same bits); the 8 warp sums are added in order.
+std::vector<float> boundary_chain_on_host(std::vector<float> v, int steps, int blocks) {
+  const int n = int(v.size()), per = (n + blocks - 1) / blocks;
+  std::vector<float> next(v.size());
+  for (int st = 0; st < steps; ++st) {
+    float tot = 0.0f;
+    for (int w = 0; w < 8; ++w) {
+      float lane[32];
+      for (int l = 0; l < 32; ++l) {
+        lane[l] = 0.0f;
+        for (int i = 32 * w + l; i < n; i += 256) lane[l] += v[size_t(i)];
+      }
+      for (int o = 16; o >= 1; o /= 2) {
+        float t[32];
+        for (int l = 0; l < 32; ++l) t[l] = lane[l] + lane[l ^ o];
+        std::copy(t, t + 32, lane);
+      }
+      tot += lane[0];
+    }
+    const float add = tot * 1e-6f;
+    for (int i = 0; i < n; ++i) next[size_t(i)] = v[size_t((i + per) % n)] + add;
+    v.swap(next);
+  }
+  return v;
+}
+
 // What a kernel boundary costs inside a graph (programmatic dependent launch on, as in the
 // model) against a grid-wide barrier inside one persistent kernel: the question behind a
 // persistent whole-layer decode kernel (CUDA.md, "What a kernel boundary costs"). A decode
@@ -1868,6 +1893,8 @@ CUDA_TEST(CudaOps, DISABLED_PerfBoundary) {
   ASSERT_TRUE(info) << info.status().message();
   const int sms = info->sm_count;
   constexpr int kSteps = 200;
+  const char *pdl_env = std::getenv("GEIST_CUDA_PDL");
+  const char *pdl = pdl_env != nullptr && pdl_env[0] == '0' ? "off" : "on (sm_90+)";  // as pdl_enabled()
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (int n : {640, 2560}) {
@@ -1882,7 +1909,10 @@ CUDA_TEST(CudaOps, DISABLED_PerfBoundary) {
       CU_OK(cu::barrier_probe(a2.as<float>(), b2.as<float>(), n, kSteps, blocks, count.as<unsigned>(), s));
       CU_OK(cu::stream_sync(s));
       const std::vector<float> ya = a.get<float>(x.size()), yb = a2.get<float>(x.size());
-      EXPECT_EQ(std::memcmp(ya.data(), yb.data(), x.size() * 4), 0) << "n " << n << ", " << blocks << " blocks";
+      const std::vector<float> yh = boundary_chain_on_host(x, kSteps, blocks);
+      EXPECT_EQ(std::memcmp(ya.data(), yh.data(), x.size() * 4), 0) << "chain, n " << n << ", " << blocks << " blocks";
+      EXPECT_EQ(std::memcmp(yb.data(), yh.data(), x.size() * 4), 0) << "barrier, n " << n << ", " << blocks << " blocks";
+      EXPECT_TRUE(std::any_of(yh.begin(), yh.end(), [](float v) { return v != 0.0f && std::isfinite(v); }));
       // The chain as the model runs it: captured in a graph, replayed.
       CU_OK(cu::graph_capture_begin(s));
       (void)cu::chain_probe(a.as<float>(), b.as<float>(), n, kSteps, blocks, s);
@@ -1897,13 +1927,16 @@ CUDA_TEST(CudaOps, DISABLED_PerfBoundary) {
       cu::graph_destroy(*g);
       std::sort(chain.begin(), chain.end());
       std::sort(barrier.begin(), barrier.end());
-      std::printf("PERF boundary n %4d, %3d blocks of 256: a kernel per step (graph) %6.2f us/step, one kernel with a grid "
-                  "barrier per step %6.2f us/step (medians of 7, %d steps)\n",
-                  n, blocks, 1e3 * chain[3] / kSteps, 1e3 * barrier[3] / kSteps, kSteps);
+      std::printf("PERF boundary n %4d, %3d blocks of 256: a kernel per step (graph, PDL %s) %6.2f us/step, one kernel "
+                  "with a grid barrier per step %6.2f us/step (medians of 7, %d steps)\n",
+                  n, blocks, pdl, 1e3 * chain[3] / kSteps, 1e3 * barrier[3] / kSteps, kSteps);
     }
   }
 }
 
+// Logits rows (262144 floats each) downloaded to page-locked memory (what a session's
+// logits buffer is on CUDA, Exec::host_floats) against pageable memory, reused and fresh
+// per call, and the host copy a batched step used to make of them: median of 200, us.
 CUDA_TEST(CudaOps, DISABLED_PerfDownload) {
   REQUIRE_CUDA();
   cu::CudaStream s = cuda_env().s;

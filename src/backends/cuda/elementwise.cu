@@ -613,8 +613,10 @@ Status read_probe(const void *p, size_t bytes, unsigned *sink, CudaStream s) {
 // ---- what a kernel boundary costs against a grid barrier (CudaOps.DISABLED_PerfBoundary) ----
 // One step of a chain shaped like a decode step's dependencies: every block reads the whole
 // vector the step before wrote (from L2, past L1: in the persistent kernel other blocks wrote
-// it), sums it, and writes its slice of the next vector from that sum. Fixed order, so both
-// probes below give the same bits.
+// it), sums it, and writes its slice of the next vector: element i is element (i + slice) mod n
+// of the last one (another block's slice) plus 1e-6 of the sum, so nothing decays to zero and
+// a stale read changes the result. Fixed order, so both probes below give the same bits (the
+// test also replays it on the host).
 __device__ __forceinline__ void probe_step(const float *in, float *out, int n, int blk, int blocks, float *red) {
   float acc = 0.0f;
   for (int i = int(threadIdx.x); i < n; i += 256) acc = __fadd_rn(acc, __ldcg(in + i));
@@ -627,7 +629,7 @@ __device__ __forceinline__ void probe_step(const float *in, float *out, int n, i
   for (int w = 0; w < 8; ++w) tot = __fadd_rn(tot, red[w]);
   __syncthreads();  // red is written again by the next step
   const int per = (n + blocks - 1) / blocks, i0 = blk * per, i1 = min(n, i0 + per);
-  for (int i = i0 + int(threadIdx.x); i < i1; i += 256) out[i] = __fadd_rn(__fmul_rn(__ldcg(in + i), 0.5f), __fmul_rn(tot, 1e-6f));
+  for (int i = i0 + int(threadIdx.x); i < i1; i += 256) out[i] = __fadd_rn(__ldcg(in + (i + per) % n), __fmul_rn(tot, 1e-6f));
 }
 
 __global__ void __launch_bounds__(256) chain_probe_kernel(const float *in, float *out, int n) {
