@@ -8,7 +8,6 @@
 #   bash scripts/device/pack.sh
 #   run(command="bash scripts/device/bench.sh", carry=[".device", ".gpu-carry"], timeout_s=600)
 . scripts/device/common.sh
-TS=$(date +%s); left() { echo $(( ${BUDGET:-590} - ($(date +%s) - TS) )); }
 models
 step "a kernel boundary against a grid barrier (CUDA.md), PDL on, then off"
 timeout 60 "$OPS" --gtest_also_run_disabled_tests --gtest_filter='*PerfBoundary' 2>&1 | grep "PERF\|Failure\|FAILED\|OK \]"

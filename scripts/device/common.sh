@@ -6,6 +6,7 @@
 # to /work/main, where the tests look for tests/data), and defines:
 #   B, G, OPS, MOD  the build folder, geist, cuda_ops_int, cuda_model_int
 #   step TEXT       a timestamped header
+#   left            seconds left of BUDGET (default 590) since sourcing
 #   models          makes /tmp/e4b.gguf (the E4B geometry) and /tmp/g3.gguf (Gemma 3 270M) in
 #                   the background; waitmodels waits for both
 #   LB              llama-bench, if .gpu-carry/llama-bench.xz was carried (built outside the
@@ -26,6 +27,9 @@ if [ -e .gpu-carry/llama-bench.xz ]; then
   xz -dc .gpu-carry/llama-bench.xz > /tmp/llama-bench && chmod +x /tmp/llama-bench && LB=/tmp/llama-bench
 fi
 step() { echo; echo "=== $(date +%T) $*"; }
+# Seconds left of the call's BUDGET (default 590) since this file was sourced.
+TS=$(date +%s)
+left() { echo $(( ${BUDGET:-590} - ($(date +%s) - TS) )); }
 models() {
   (python3 scripts/make_synth_gemma4.py /tmp/e4b.gguf --variant e4b > /tmp/mk4.log 2>&1; touch /tmp/e4b.done) &
   (python3 scripts/make_synth_gemma3.py /tmp/g3.gguf > /tmp/mk3.log 2>&1; touch /tmp/g3.done) &

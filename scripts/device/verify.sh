@@ -6,7 +6,6 @@
 #   run(command="bash scripts/device/verify.sh", carry=[".device", ".gpu-carry"], timeout_s=600)
 # CTEST_ARGS narrows the ctest selection (for example "-I 121,131" to finish a cut-off run).
 . scripts/device/common.sh
-TS=$(date +%s); left() { echo $(( ${BUDGET:-590} - ($(date +%s) - TS) )); }
 models
 cd "$B" || exit 1
 step "ctest, one process (${CTEST_ARGS:--R ^(cuda_|CudaOps\.|CudaModel\.)})"

@@ -40,8 +40,7 @@ bool dispatch_among(E t, F &&f) {
 // with dev::pdl_start(), which waits until that kernel has finished and its writes are
 // visible, and then lets the next kernel's blocks in. What a kernel reads and writes is
 // ordered exactly as without it; only the launch latency overlaps the previous kernel.
-// false where GEIST_CUDA_PDL=0 or the current device is older than sm_90.
-bool pdl_enabled();
+// pdl_enabled() (kernels.h) says whether launch() asks for it.
 
 // Weight prefetch of the matrix-vector kernels (GEIST_CUDA_PREFETCH): 0 none, 1 into L2
 // (the default), 2 into L1. See dev::prefetch_lines.

@@ -669,12 +669,6 @@ Status chain_probe(float *a, float *b, int n, int steps, int blocks, CudaStream 
 
 Status barrier_probe(float *a, float *b, int n, int steps, int blocks, unsigned *count, CudaStream s) {
   if (n <= 0 || steps < 0 || blocks <= 0) return bad_arg("cuda::barrier_probe: n, steps or blocks out of range");
-  int per_sm = 0, dev = 0, sms = 0;
-  GEIST_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&dev), "cudaGetDevice"));
-  GEIST_RETURN_IF_ERROR(cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute"));
-  GEIST_RETURN_IF_ERROR(cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, barrier_probe_kernel, 256, 0),
-                                    "cudaOccupancyMaxActiveBlocksPerMultiprocessor"));
-  if (blocks > per_sm * sms) return bad_arg("cuda::barrier_probe: more blocks than can be resident at once");
   GEIST_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(count, 0, sizeof(unsigned), s), "cudaMemsetAsync"));
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeCooperative;
@@ -685,6 +679,7 @@ Status barrier_probe(float *a, float *b, int n, int steps, int blocks, unsigned 
   cfg.stream = s;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  // A cooperative launch of more blocks than can be resident fails (cudaErrorCooperativeLaunchTooLarge).
   (void)cudaLaunchKernelEx(&cfg, barrier_probe_kernel, a, b, n, steps, count);
   return launch_status("cuda::barrier_probe");
 }

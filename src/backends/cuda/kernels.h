@@ -78,12 +78,17 @@ Status copy_async(void *dst_dev, const void *src_dev, size_t bytes, CudaStream s
 // it writes only by a one-in-2^32 chance): the device's read rate, a copy's other half.
 Status read_probe(const void *p, size_t bytes, unsigned *sink, CudaStream s);
 Status memset_async(void *dst_dev, int value, size_t bytes, CudaStream s);
+// Whether kernels are launched with programmatic dependent launch (common.cuh): false where
+// GEIST_CUDA_PDL=0 or the current device is older than sm_90.
+bool pdl_enabled();
+
 // A kernel boundary against a grid barrier (CudaOps.DISABLED_PerfBoundary): `steps` dependent
 // steps over an n-float vector, ping-ponging between a and b (step 0 reads a), each block of
 // `blocks` reading all of the vector and writing its slice. chain_probe launches one kernel
 // per step (with programmatic dependent launch, as the model's kernels); barrier_probe runs
 // every step in one cooperative kernel with a grid-wide barrier between steps (count: one
-// device word it zeroes first; blocks must fit on the device at once). Both give the same bits.
+// device word it zeroes first; more blocks than fit on the device at once is the launch's
+// error). Both give the same bits.
 Status chain_probe(float *a, float *b, int n, int steps, int blocks, CudaStream s);
 Status barrier_probe(float *a, float *b, int n, int steps, int blocks, unsigned *count, CudaStream s);
 
