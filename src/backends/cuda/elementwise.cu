@@ -65,18 +65,20 @@ __device__ __forceinline__ double sum_squares(const float (&xr)[kPer], int64_t d
 template <int kThreads, int kPer>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_kernel(const float *x, const float *__restrict__ g, float *out, int64_t dim, float eps, float *h) {
+  constexpr int kR = kPer > 0 ? kPer : 1;
+  float xr[kR], gr[kR], hr[kR];
+  // The norm weights before the wait: no kernel writes them, so their loads overlap the
+  // kernel before instead of adding a round trip after it (the same values).
+  if constexpr (kPer > 0) load_part<kThreads, kPer>(g, dim, gr);
   dev::pdl_start();
   __shared__ double part[kThreads / 32];
   __shared__ float r_sh;
   const float *xv = x + size_t(blockIdx.x) * dim;
   float *ov = out + size_t(blockIdx.x) * dim;
   float *hv = h ? h + size_t(blockIdx.x) * dim : nullptr;
-  constexpr int kR = kPer > 0 ? kPer : 1;
-  float xr[kR], gr[kR], hr[kR];
   double ss = 0.0;
   if constexpr (kPer > 0) {
     load_part<kThreads, kPer>(xv, dim, xr);
-    load_part<kThreads, kPer>(g, dim, gr);
     load_part<kThreads, kPer>(hv, dim, hr);
     ss = sum_squares<kThreads, kPer>(xr, dim);
   } else {
@@ -120,16 +122,16 @@ __global__ void __launch_bounds__(kThreads)
     rmsnorm_add_norm_kernel(float *x, const float *__restrict__ g, float *h, float s, const float *__restrict__ gn,
                             float *out, int64_t dim, float eps, int8_t *__restrict__ oq, float *__restrict__ od,
                             int act_block) {
+  float xr[kPer], gr[kPer], hr[kPer], nr[kPer];
+  load_part<kThreads, kPer>(g, dim, gr);  // both norms' weights before the wait (rmsnorm_kernel)
+  load_part<kThreads, kPer>(gn, dim, nr);
   dev::pdl_start();
   __shared__ double part[kThreads / 32];
   __shared__ float r_sh;
   float *xv = x + size_t(blockIdx.x) * dim;
   float *hv = h + size_t(blockIdx.x) * dim;
-  float xr[kPer], gr[kPer], hr[kPer], nr[kPer];
   load_part<kThreads, kPer>(xv, dim, xr);
-  load_part<kThreads, kPer>(g, dim, gr);
   load_part<kThreads, kPer>(hv, dim, hr);
-  load_part<kThreads, kPer>(gn, dim, nr);
   const float r = rms_scale<kThreads>(sum_squares<kThreads, kPer>(xr, dim), dim, eps, part, &r_sh);
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
@@ -192,7 +194,6 @@ template <bool kStore, KvType T>
 __global__ void __launch_bounds__(64) head_norm_rope_kernel(HeadNormSet t, int n_rows, int head_dim, int rot_dim,
                                                             float eps, const float *__restrict__ cs, SeqRings rings,
                                                             size_t ring_row_bytes) {
-  dev::pdl_start();
   constexpr int kThreads = 64, kPer = 8;
   __shared__ double part[kThreads / 32];
   __shared__ float r_sh;
@@ -218,9 +219,10 @@ __global__ void __launch_bounds__(64) head_norm_rope_kernel(HeadNormSet t, int n
   const int ring = ti == 0 ? t.ring[0] : ti == 1 ? t.ring[1] : t.ring[2];
   float *xv = x + size_t(b) * head_dim;
   float xr[kPer], gr[kPer];
+  if (norm) load_part<kThreads, kPer>(g, head_dim, gr);  // the weights before the wait (rmsnorm_kernel)
+  dev::pdl_start();
   load_part<kThreads, kPer>(xv, head_dim, xr);
   if (norm) {
-    load_part<kThreads, kPer>(g, head_dim, gr);
     const float r = rms_scale<kThreads>(sum_squares<kThreads, kPer>(xr, head_dim), head_dim, eps, part, &r_sh);
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {

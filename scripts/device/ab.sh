@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One device call: the changed kernels' tests, then geist against a base build alternated
+# round by round (tg128 and pp512 medians per round, `geist bench pp-tg`), optionally with
+# environment variants of the new build, and GEIST_PROFILE op tables at chosen prefill row
+# counts. The base is .gpu-carry/bins_base.tar.xz, packed the same way as bins.tar.xz (copy
+# the old bins.tar.xz there before packing the new build). Run here:
+#   cp .gpu-carry/bins.tar.xz .gpu-carry/bins_base.tar.xz   # before rebuilding
+#   bash scripts/device/pack.sh
+#   run(command="OPS_FILTER='CudaOps.RmsNorm*' bash scripts/device/ab.sh", carry=[".device", ".gpu-carry"])
+# Knobs: OPS_FILTER / MOD_FILTER (gtest filters; empty skips), ROUNDS (3), VARIANTS (space-
+# separated VAR=value settings of the new build, each its own arm), PROFILE_ROWS (E4B prefill
+# row counts for GEIST_PROFILE tables). Both builds' greedy text on both models is compared by
+# its md5sum (the same bits give the same text).
+. scripts/device/common.sh
+models
+mkdir -p /tmp/base && tar -xJf .gpu-carry/bins_base.tar.xz -C /tmp/base
+GB=/tmp/base/build/cuda90/tools/geist
+if [ -n "${OPS_FILTER:-}" ]; then
+  step "op tests: $OPS_FILTER"
+  timeout 200 "$OPS" --gtest_filter="$OPS_FILTER" 2>&1 | grep "^\[  PASSED\|^\[  FAILED\|Failure\|FAILED\|tests ran" | head -20
+fi
+waitmodels
+if [ -n "${MOD_FILTER:-}" ]; then
+  step "model tests: $MOD_FILTER (left $(left))"
+  GEIST_CUDA_TEST_MODELS=/tmp/e4b.gguf:/tmp/g3.gguf timeout 240 "$MOD" --gtest_filter="$MOD_FILTER" 2>&1 |
+    grep "^\[  PASSED\|^\[  FAILED\|Failure\|FAILED\|tests ran\|^\[       OK" | head -30
+fi
+tg() {  # binary model [env...]: "tg128 pp512" medians of -r 3
+  local bin=$1 m=$2; shift 2
+  env "$@" "$bin" bench pp-tg --backend cuda -m /tmp/$m.gguf -p 512 -n 128 -r 3 --json /tmp/pt.json > /dev/null 2>&1
+  python3 -c "
+import json, statistics
+d = {r['test']: statistics.median(r['samples_ts']) for r in json.load(open('/tmp/pt.json'))['results']}
+print('%.1f %.0f' % (d['tg128'], d['pp512']))" 2>/dev/null || echo "? ?"
+}
+for m in g3 e4b; do
+  step "greedy text of $m, base against new"
+  for b in "$GB" "$G"; do
+    timeout 30 "$b" run --backend cuda -m /tmp/$m.gguf -p "The quick brown fox" -n 48 --temp 0 --ignore-eos 2>/dev/null | md5sum
+  done
+done
+for m in g3 e4b; do
+  step "A/B $m (left $(left)): base, new${VARIANTS:+, $VARIANTS}"
+  for r in $(seq 1 "${ROUNDS:-3}"); do
+    [ "$(left)" -gt 40 ] || break
+    line="round $r | base $(tg "$GB" $m) | new $(tg "$G" $m)"
+    for v in ${VARIANTS:-}; do line="$line | $v $(tg "$G" $m "$v")"; done
+    echo "$line"
+  done
+done
+for n in ${PROFILE_ROWS:-}; do
+  step "GEIST_PROFILE E4B prefill of $n rows (left $(left))"
+  [ "$(left)" -gt 30 ] && GEIST_PROFILE=1 timeout 30 "$G" bench pp-tg --backend cuda -m /tmp/e4b.gguf -p "$n" -n 0 -r 1 2>&1 |
+    grep -A16 "GEIST_PROFILE" | head -17
+done
+step "done"
