@@ -9,7 +9,9 @@
 #   run(command="OPS_FILTER='CudaOps.RmsNorm*' bash scripts/device/ab.sh", carry=[".device", ".gpu-carry"])
 # Knobs: OPS_FILTER / MOD_FILTER (gtest filters; empty skips), ROUNDS (3), VARIANTS (space-
 # separated VAR=value settings of the new build, each its own arm), PROFILE_ROWS (E4B prefill
-# row counts for GEIST_PROFILE tables). Both builds' greedy text on both models is compared by
+# row counts for GEIST_PROFILE tables; their first calls include lazy module loading, so
+# compare them only with -r above 1), PPTG_EXTRA (more `bench pp-tg` options, e.g. "-d 1024"),
+# PINNED (set: `bench pinned` E4B -c 2048 of both builds, twice, alternated). Both builds' greedy text on both models is compared by
 # its md5sum (the same bits give the same text).
 . scripts/device/common.sh
 models
@@ -25,13 +27,13 @@ if [ -n "${MOD_FILTER:-}" ]; then
   GEIST_CUDA_TEST_MODELS=/tmp/e4b.gguf:/tmp/g3.gguf timeout 240 "$MOD" --gtest_filter="$MOD_FILTER" 2>&1 |
     grep "^\[  PASSED\|^\[  FAILED\|Failure\|FAILED\|tests ran\|^\[       OK" | head -30
 fi
-tg() {  # binary model [env...]: "tg128 pp512" medians of -r 3
+tg() {  # binary model [env...]: "pp512 <t/s> tg128 <t/s>" (and pp512@d<depth> ...), medians of -r 3
   local bin=$1 m=$2; shift 2
-  env "$@" "$bin" bench pp-tg --backend cuda -m /tmp/$m.gguf -p 512 -n 128 -r 3 --json /tmp/pt.json > /dev/null 2>&1
+  env "$@" "$bin" bench pp-tg --backend cuda -m /tmp/$m.gguf -p 512 -n 128 -r 3 ${PPTG_EXTRA:-} --json /tmp/pt.json > /dev/null 2>&1
   python3 -c "
 import json, statistics
-d = {r['test']: statistics.median(r['samples_ts']) for r in json.load(open('/tmp/pt.json'))['results']}
-print('%.1f %.0f' % (d['tg128'], d['pp512']))" 2>/dev/null || echo "? ?"
+rs = json.load(open('/tmp/pt.json'))['results']
+print(' '.join('%s %.1f' % (r['test'].replace(' ', ''), statistics.median(r['samples_ts'])) for r in rs))" 2>/dev/null || echo "?"
 }
 for m in g3 e4b; do
   step "greedy text of $m, base against new"
@@ -48,9 +50,15 @@ for m in g3 e4b; do
     echo "$line"
   done
 done
+if [ -n "${PINNED:-}" ]; then
+  for b in "$GB" "$G" "$GB" "$G"; do
+    step "pinned E4B, $b (left $(left))"
+    [ "$(left)" -gt 60 ] && timeout 60 "$b" bench pinned --backend cuda -m /tmp/e4b.gguf -c 2048 2>&1 | grep -A3 "^| mode  *| *P50 ms" | tail -3
+  done
+fi
 for n in ${PROFILE_ROWS:-}; do
   step "GEIST_PROFILE E4B prefill of $n rows (left $(left))"
-  [ "$(left)" -gt 30 ] && GEIST_PROFILE=1 timeout 30 "$G" bench pp-tg --backend cuda -m /tmp/e4b.gguf -p "$n" -n 0 -r 1 2>&1 |
+  [ "$(left)" -gt 30 ] && GEIST_PROFILE=1 timeout 30 "$G" bench pp-tg --backend cuda -m /tmp/e4b.gguf -p "$n" -n 0 -r 3 2>&1 |
     grep -A16 "GEIST_PROFILE" | head -17
 done
 step "done"

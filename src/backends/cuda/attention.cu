@@ -75,6 +75,9 @@ struct AttnCore {
   int quant_block;
   int8_t *oq;
   float *od;
+  // The split kernel asks L2 for its chunks' K and V slices before griddepcontrol.wait
+  // (decode: run_attention sets it; GEIST_CUDA_ATTN_PREFETCH=0 never).
+  bool kv_prefetch;
 };
 struct AttnParams {
   AttnCore c;
@@ -386,14 +389,52 @@ __device__ __forceinline__ void chunk_values(const AttnCore &a, int64_t s0, int 
   }
 }
 
+// Bytes of a row's first e elements (e a multiple of 32 for Q8_0).
+template <KvType T>
+__device__ __forceinline__ size_t kv_bytes(int64_t e) {
+  if constexpr (T == KvType::F32) return size_t(e) * 4;
+  if constexpr (T == KvType::Q8_0) return size_t(e / 32) * 34;
+  return size_t(e) * 2;
+}
+
+// The split block's chunks (keys [j0, p], chunks c = s mod kSplits) asked of L2: the head
+// slice [e0, e0 + head_dim) of each key's K and V row, line by line over the block's threads.
+// Called before griddepcontrol.wait, so the requests overlap the kernel before. Safe there: a
+// prefetch changes no value; pos0 was uploaded at the start of the step, several kernels
+// back; and the one row the kernel before writes (this step's key) is asked of L2, the level
+// every SM's writes reach, so its new bytes are what the loads after the wait see.
+template <KvType KT, KvType VT>
+__device__ __forceinline__ void prefetch_chunks(const AttnCore &a, int r, int s, int g, int head_dim) {
+  const int64_t p = *a.pos0 + (r - a.row_base);
+  if (p < 0) return;
+  const int64_t j0 = a.window > 0 ? (p - a.window + 1 > 0 ? p - a.window + 1 : int64_t(0)) : 0;
+  const int64_t c_lo = j0 / kChunk, c_hi = p / kChunk;
+  const int64_t e0 = int64_t(g) * head_dim;
+  const size_t k_off = kv_bytes<KT>(e0), k_len = kv_bytes<KT>(e0 + head_dim) - k_off;
+  const size_t v_off = kv_bytes<VT>(e0), v_len = kv_bytes<VT>(e0 + head_dim) - v_off;
+  for (int64_t c = c_lo + ((s - c_lo % kSplits) % kSplits + kSplits) % kSplits; c <= c_hi; c += kSplits) {
+    const int64_t ka = c * kChunk > j0 ? c * kChunk : j0;
+    const int64_t kb = c * kChunk + kChunk - 1 < p ? c * kChunk + kChunk - 1 : p;
+    for (int64_t j = ka + threadIdx.x; j <= kb; j += kThreads) {  // a thread's keys, whole slices
+      const int64_t slot = j % a.capacity;
+      dev::prefetch_lines(a.k + size_t(slot) * a.k_row_bytes + k_off, k_len, 0, 1, 1);
+      dev::prefetch_lines(a.v + size_t(slot) * a.v_row_bytes + v_off, v_len, 0, 1, 1);
+    }
+  }
+}
+
 // HD > 0: the head dim, fixed at compile time (64, 128, 256, 512 with K and V of one type);
 // 0: any head dim. Both give the same bits.
 template <KvType KT, KvType VT, int HD>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnParams a0, int row0, float *__restrict__ part,
                                                                   unsigned *cnt) {
+  const AttnCore a = for_row(a0, row0 + int(blockIdx.z));
+  if (a.kv_prefetch && int(blockIdx.y) % a.group == 0) {  // one query head per KV head asks
+    prefetch_chunks<KT, VT>(a, row0 + int(blockIdx.z), int(blockIdx.x), int(blockIdx.y) / a.group,
+                            HD > 0 ? HD : a.head_dim);
+  }
   dev::pdl_start();
   constexpr int kDpt = HD > 0 ? (HD + kThreads - 1) / kThreads : kDimsPerThread;
-  const AttnCore a = for_row(a0, row0 + int(blockIdx.z));
   const int head_dim = HD > 0 ? HD : a.head_dim;
   __shared__ float qs[kMaxHeadDim];
   __shared__ float sc[kChunk];
@@ -1217,7 +1258,16 @@ bool mqr_on() {
   return v;
 }
 
-Status run_attention(const AttnArgs &a, const AttnParams &p, CudaStream s) {
+// Rows per call up to which the split kernel asks L2 for its keys ahead (AttnCore::kv_prefetch;
+// or any count when each row is a sequence of its own, batched decode). Above it the rows of
+// one sequence share their keys and every block would ask for the same lines again: E4B's
+// 64-row prefill chunks of `bench pinned` ran 4-5 % slower with every launch prefetching.
+constexpr int kPrefetchMaxRows = 4;
+
+Status run_attention(const AttnArgs &a, const AttnParams &p_in, CudaStream s) {
+  static const bool kv_prefetch = env_int("GEIST_CUDA_ATTN_PREFETCH", 1) != 0;
+  AttnParams p = p_in;
+  p.c.kv_prefetch = kv_prefetch && (a.n_rows <= kPrefetchMaxRows || p.seqs.n == a.n_rows);
   if (a.scratch == nullptr || reference_kernels()) {
     const dim3 grid(unsigned(a.n_head), unsigned(a.n_rows));
     dispatch_kv(a.k_type, [&](auto tag_k) {
@@ -1321,6 +1371,7 @@ AttnParams params_of(const AttnArgs &a) {
   p.c.quant_block = a.quant_block;
   p.c.oq = a.quant_block != 0 ? act_quants(a.quant_scratch) : nullptr;
   p.c.od = a.quant_block != 0 ? act_scales(a.quant_scratch, a.n_rows, int64_t(a.n_head) * a.head_dim) : nullptr;
+  p.c.kv_prefetch = false;  // run_attention decides
   p.seqs.n = 0;
   return p;
 }
