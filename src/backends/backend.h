@@ -103,6 +103,14 @@ class Exec {
   // Wait for the step's ops; outputs are on the host after it. A device error is reported
   // here (naming the device and the error); the session is then left as before the call.
   virtual Status end_step() = 0;
+  // Deferred outputs: while on, the steps that end leave their output() rows on the device
+  // (a greedy step's logits row, which the session may never read) and
+  // outputs_deferred() says so; fetch_outputs() then copies them to their host buffers and
+  // waits, any time before the next begin_step, which drops them. A backend that writes
+  // the host buffers directly (the CPU) defers nothing.
+  virtual void defer_outputs(bool /*on*/) {}
+  virtual bool outputs_deferred() const { return false; }
+  virtual Status fetch_outputs() { return Status::ok(); }
 
   // out[r] = table[id_r] * scale for the step's tokens; an id >= table.n_out gives a zero
   // row (Gemma 4's per-layer embeddings have no row for some ids). out width = table.n_in.

@@ -90,6 +90,7 @@ void Session::clear() {
   cache_->n_past = 0;
   tokens_.clear();
   has_logits_ = false;
+  logits_on_device_ = false;
   greedy_ = -1;
   sampler_.reset();
   pin_.reset();
@@ -137,8 +138,7 @@ Status Session::run_chunks(const int32_t *tokens, size_t n, size_t first, float 
       greedy = greedy_target();
     }
     greedy_ = -1;
-    Status st = model_.arch().forward(tokens + done, rows, *cache_, *exec_, first_row, dst,
-                                      greedy != nullptr ? &greedy : nullptr);
+    Status st = forward_one(tokens + done, rows, first_row, dst, greedy);
     if (!st.is_ok()) {
       recover(rows);
       return st;
@@ -146,7 +146,10 @@ Status Session::run_chunks(const int32_t *tokens, size_t n, size_t first, float 
     tokens_.insert(tokens_.end(), tokens + done, tokens + done + rows);
     done += rows;
   }
-  if (out) std::memcpy(logits_.get(), out + (n - 1 - first) * nv, nv * sizeof(float));
+  if (out) {
+    logits_on_device_ = false;
+    std::memcpy(logits_.get(), out + (n - 1 - first) * nv, nv * sizeof(float));
+  }
   for (size_t i = 0; i < n; ++i) sampler_.accept(tokens[i]);
   has_logits_ = true;
   return Status::ok();
@@ -211,6 +214,10 @@ Status Session::pin_prefix(const int32_t *tokens, size_t n) {
   Timer t;
   clear();
   GEIST_RETURN_IF_ERROR(run_chunks(tokens, n, 0, nullptr));
+  if (Status st = sync_logits(); !st.is_ok()) {  // the pin keeps them
+    clear();
+    return st;
+  }
   pin_ = make_pin();
   stats_.pin_seconds += t.seconds();
   stats_.n_pins += 1;
@@ -232,6 +239,7 @@ void Session::reset() {
     tokens_.resize(pin_->n);
     std::memcpy(logits_.get(), pin_->logits.data(), pin_->logits.size() * sizeof(float));
     has_logits_ = true;
+    logits_on_device_ = false;
     greedy_ = pin_->greedy;
     sampler_.set_state(pin_->sampler);
   }
@@ -242,8 +250,33 @@ void Session::reset() {
 Status Session::sample(int32_t *out) {
   if (out == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "out is NULL");
   if (!has_logits_) return GEIST_ERROR(GEIST_E_STATE, "no logits to sample from: prefill first");
+  if (!draws_step_greedy()) GEIST_RETURN_IF_ERROR(sync_logits());
   *out = draw(row_pool());
   return Status::ok();
+}
+
+const float *Session::logits() const {
+  if (!has_logits_ || !sync_logits().is_ok()) return nullptr;
+  return logits_.get();
+}
+
+Status Session::sync_logits() const {
+  if (!logits_on_device_) return Status::ok();
+  logits_on_device_ = false;  // asked once: after an error the row is gone, not half there
+  return exec_->fetch_outputs();
+}
+
+Status Session::forward_one(const int32_t *tokens, int rows, int first_row, float *dst, int32_t *greedy) {
+  // Whatever was deferred is overwritten by this step.
+  logits_on_device_ = false;
+  const bool defer = greedy != nullptr && dst == logits_.get();
+  if (defer) exec_->defer_outputs(true);
+  Status st = model_.arch().forward(tokens, rows, *cache_, *exec_, first_row, dst, greedy != nullptr ? &greedy : nullptr);
+  if (defer) {
+    exec_->defer_outputs(false);
+    logits_on_device_ = st.is_ok() && exec_->outputs_deferred();
+  }
+  return st;
 }
 
 int32_t *Session::greedy_target() {
@@ -269,11 +302,12 @@ Status Session::decode_step(int32_t *out) {
     return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "the context of %lld tokens is full", (long long)cache_->n_ctx());
   }
   Timer t;
+  if (!draws_step_greedy()) GEIST_RETURN_IF_ERROR(sync_logits());
   reserve_tokens(1);  // may throw: before the sampler draws
   const int32_t tok = draw(row_pool());  // records tok in the history
   int32_t *greedy = greedy_target();
   greedy_ = -1;
-  Status st = model_.arch().forward(&tok, 1, *cache_, *exec_, 0, logits_.get(), greedy != nullptr ? &greedy : nullptr);
+  Status st = forward_one(&tok, 1, 0, logits_.get(), greedy);
   if (!st.is_ok()) {
     recover(1);
     return st;
@@ -346,6 +380,9 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
   std::vector<int32_t> drawn(n, 0);
   std::vector<size_t> decoding;  // the draws that read their logits
   for (size_t i = 0; i < n; ++i) {
+    if (n_tokens[i] == 0 && !sessions[i]->draws_step_greedy()) GEIST_RETURN_IF_ERROR(sessions[i]->sync_logits());
+  }
+  for (size_t i = 0; i < n; ++i) {
     if (n_tokens[i] != 0) continue;
     Session &s = *sessions[i];
     if (s.draws_step_greedy()) {
@@ -400,6 +437,7 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
     const size_t m = n_tokens[i];
     s.tokens_.insert(s.tokens_.end(), toks.begin() + r, toks.begin() + r + (m > 0 ? m : 1));
     s.has_logits_ = true;
+    s.logits_on_device_ = false;  // the step wrote them to the host (its own exec's deferred row is stale)
     if (m > 0) {
       for (size_t k = 0; k < m; ++k) s.sampler_.accept(toks[r + k]);
       s.stats_.last_prefill_seconds = seconds;  // the step's wall time, which each session waited

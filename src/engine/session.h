@@ -164,7 +164,9 @@ class Session {
   Status save_state(SessionState *st) const;
   Status load_state(const SessionState &st);
 
-  const float *logits() const { return has_logits_ ? logits_.get() : nullptr; }
+  // The current logits row, or null without logits (or when a deferred row could not be
+  // copied from the device: a device error).
+  const float *logits() const;
   int64_t n_vocab() const { return model_.info().n_vocab; }
   size_t n_tokens() const { return tokens_.size(); }
   size_t n_pinned() const { return pin_ ? pin_->n : 0; }
@@ -231,6 +233,13 @@ class Session {
   std::vector<int32_t> tokens_;
   Exec::HostFloats logits_;  // [n_vocab], from exec_->host_floats (page-locked on CUDA)
   bool has_logits_ = false;
+  // logits_ is still on the device (Exec::defer_outputs: a greedy step's row, which the next
+  // draw does not read); sync_logits() copies it. Every read of logits_ goes through it.
+  mutable bool logits_on_device_ = false;
+  Status sync_logits() const;
+  // model_.arch().forward for one sequence, its logits row deferred where greedy is set
+  // (the step computes the token, so the row may never be read).
+  Status forward_one(const int32_t *tokens, int rows, int first_row, float *dst, int32_t *greedy);
   // The greedy token of logits_, computed by the step that wrote them (Exec::greedy: on a
   // GPU, on the device) when the sampler was greedy; -1: not computed.
   int32_t greedy_ = -1;

@@ -269,6 +269,7 @@ Status Session::snapshot(void *buf, size_t cap, size_t *written) const {
     return GEIST_ERROR(GEIST_E_BUFFER_TOO_SMALL, "the snapshot needs %zu bytes, the buffer holds %zu", size, cap);
   }
   if (buf == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "buf is NULL");
+  GEIST_RETURN_IF_ERROR(sync_logits());
   Timer t;
   const std::vector<KvLayerSpec> layers = layer_specs(*cache_);
   const Sampler::State sst = sampler_.state();
@@ -318,6 +319,7 @@ size_t Session::state_bytes() const {
 
 Status Session::save_state(SessionState *st) const {
   if (st == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "state is NULL");
+  GEIST_RETURN_IF_ERROR(sync_logits());
   Timer t;
   const size_t kvb = state_kv_bytes(), nv = size_t(n_vocab());
   // Everything that can fail first (the KV buffer, then host capacity), so that a failed
@@ -632,6 +634,7 @@ void Session::commit(const Parts &p, Sampler::State &&pst) {
   if (p.n) std::memcpy(tokens_.data(), p.tokens, p.n * 4);
   if (p.has_logits) std::memcpy(logits_.get(), p.logits, nv * 4);
   has_logits_ = p.has_logits;
+  logits_on_device_ = false;
   greedy_ = -1;  // an image keeps no greedy token: the first draw reads the logits
   if (new_pin) pin_ = std::move(new_pin);
   if (p.n_pin == 0) pin_.reset();

@@ -313,6 +313,7 @@ class CudaExec final : public Exec {
   void begin_step(const int32_t *tokens, int n_rows, const StepSeq *seqs, int n_seqs) override {
     error_ = reserve_error_;  // a buffer that never got memory fails every step
     outputs_.clear();
+    deferred_.clear();  // this step overwrites them
     greedy_out_ = GreedyOut{};
     greedy_hosts_.clear();
     ops_.clear();
@@ -418,8 +419,12 @@ class CudaExec final : public Exec {
       retired_.clear();
       retired_host_.clear();
     }
-    for (const Output &o : outputs_) {
-      if (o.bytes) run(cuda::download_async(o.host, o.dev, o.bytes, stream_), "copying logits to the host");
+    if (defer_) {
+      deferred_.swap(outputs_);  // fetch_outputs copies them, if anyone asks
+    } else {
+      for (const Output &o : outputs_) {
+        if (o.bytes) run(cuda::download_async(o.host, o.dev, o.bytes, stream_), "copying logits to the host");
+      }
     }
     outputs_.clear();
     const GreedyOut g = greedy_out_;
@@ -437,6 +442,31 @@ class CudaExec final : public Exec {
       if (greedy_hosts_[size_t(r)] != nullptr) *greedy_hosts_[size_t(r)] = host_greedy_[r];
     }
     return Status::ok();
+  }
+
+  // GEIST_CUDA_LAZY_LOGITS=1: a greedy step's logits row (1 MiB at a 262144-token vocabulary,
+  // ~27 us over the link on the H200, on every decoded token's critical path) stays on the
+  // device until the session reads it. Off by default until it has run on a GPU.
+  void defer_outputs(bool on) override {
+    static const bool lazy = [] {
+      const char *e = std::getenv("GEIST_CUDA_LAZY_LOGITS");
+      return e != nullptr && std::strcmp(e, "1") == 0;
+    }();
+    defer_ = on && lazy;
+  }
+  bool outputs_deferred() const override { return !deferred_.empty(); }
+  Status fetch_outputs() override {
+    if (deferred_.empty()) return Status::ok();
+    std::vector<Output> d;
+    d.swap(deferred_);  // asked once: an error leaves nothing pending
+    Status st = on_device(cuda::set_device(device_), name_, "selecting the device");
+    for (const Output &o : d) {
+      if (st.is_ok() && o.bytes) {
+        st = on_device(cuda::download_async(o.host, o.dev, o.bytes, stream_), name_, "copying logits to the host");
+      }
+    }
+    const Status sync = on_device(cuda::stream_sync(stream_), name_, "copying logits to the host");
+    return st.is_ok() ? sync : st;
   }
 
   void embed(const WeightView &table, float scale, Act out) override {
@@ -1013,6 +1043,8 @@ class CudaExec final : public Exec {
   size_t attn_counter_bytes_ = 0;
   std::vector<void *> retired_;  // scratch replaced during a step, freed at its end
   std::vector<Output> outputs_;
+  std::vector<Output> deferred_;  // the last step's outputs, left on the device (defer_outputs)
+  bool defer_ = false;
   int n_rows_ = 0;
   // The step's sequences: rows [row0, row0 + n) at positions pos0.. of kv.
   struct Seq {
