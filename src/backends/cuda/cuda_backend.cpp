@@ -7,6 +7,7 @@
 // needs no CUDA headers.
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -230,10 +231,14 @@ class CudaExec final : public Exec {
     // faults, which count and time single ops).
     const char *g = std::getenv("GEIST_CUDA_GRAPHS");
     graphs_ = !(g && g[0] == '0') && !profile_ && inject_at_ == 0;
+    // GEIST_CUDA_HOST_TIMES=1: where a step's wall time goes on the host (host_times_).
+    const char *ht = std::getenv("GEIST_CUDA_HOST_TIMES");
+    host_times_.on = ht && std::strcmp(ht, "1") == 0;
     ops_.reserve(2048);
   }
   ~CudaExec() override {
     if (profile_) prof_.print(name_, "each op waited for");
+    host_times_.print(name_);
     if (!cuda::set_device(device_).is_ok()) return;
     if (stream_) {
       (void)cuda::stream_sync(stream_);
@@ -311,6 +316,7 @@ class CudaExec final : public Exec {
 
   int max_rows() const override { return max_rows_; }
   void begin_step(const int32_t *tokens, int n_rows, const StepSeq *seqs, int n_seqs) override {
+    if (host_times_.on) host_times_.begin(n_rows);
     error_ = reserve_error_;  // a buffer that never got memory fails every step
     outputs_.clear();
     deferred_.clear();  // this step overwrites them
@@ -409,6 +415,7 @@ class CudaExec final : public Exec {
 
   Status end_step() override {
     if (error_.is_ok()) execute();
+    if (host_times_.on) host_times_.launched();
     ops_.clear();
     producer_ = Producer{};
     head_norm_ = HeadNormOp{};
@@ -433,7 +440,9 @@ class CudaExec final : public Exec {
       run(cuda::download_async(host_greedy_, g.dev, size_t(g.n) * sizeof(int32_t), stream_),
           "copying greedy tokens to the host");
     }
+    if (host_times_.on) host_times_.syncing();
     if (error_.is_ok()) error_ = on_device(cuda::stream_sync(stream_), name_, "running the forward pass");
+    if (host_times_.on) host_times_.end();
     if (!error_.is_ok()) {
       (void)cuda::stream_sync(stream_);  // nothing of this step may still run
       return error_;
@@ -1013,6 +1022,48 @@ class CudaExec final : public Exec {
     cache_.push_back({k, *g, ++clock_});
     run(cuda::graph_launch(*g, stream_), "launching the step's graph");
   }
+
+  // GEIST_CUDA_HOST_TIMES=1: per step, the host's time from begin_step to the graph's
+  // launch (recording the ops, the step's uploads, finding the graph), from the launch to
+  // the sync (the downloads queued), waiting in the sync, and from the last step's end to
+  // this begin_step (the caller: sampling, the session, the bench loop); means over the
+  // one-row steps and the others, printed to stderr when the exec ends. Tells how much of a
+  // decode step the device waits on the host.
+  struct HostTimes {
+    bool on = false;
+    struct Sum {
+      long long n = 0;
+      double record = 0, queue = 0, wait = 0, gap = 0;
+    } one, many;
+    double t_begin = 0, t_launched = 0, t_sync = 0, t_end = 0;
+    Sum *cur = nullptr;
+    void begin(int n_rows) {
+      t_begin = now_seconds();
+      cur = n_rows == 1 ? &one : &many;
+      if (t_end > 0) cur->gap += t_begin - t_end;
+    }
+    void launched() { t_launched = now_seconds(); }
+    void syncing() { t_sync = now_seconds(); }
+    void end() {
+      t_end = now_seconds();
+      if (cur == nullptr) return;
+      cur->n += 1;
+      cur->record += t_launched - t_begin;
+      cur->queue += t_sync - t_launched;
+      cur->wait += t_end - t_sync;
+    }
+    void print(const std::string &dev) const {
+      if (!on) return;
+      for (const auto &[what, x] : {std::pair<const char *, const Sum &>{"one-row steps", one}, {"other steps", many}}) {
+        if (x.n == 0) continue;
+        const double k = 1e6 / double(x.n);
+        std::fprintf(stderr,
+                     "GEIST_CUDA_HOST_TIMES %s: %lld %s, us per step: recording + launch %.1f, queueing the "
+                     "downloads %.1f, waiting for the device %.1f; before the step (the caller) %.1f\n",
+                     dev.c_str(), x.n, what, x.record * k, x.queue * k, x.wait * k, x.gap * k);
+      }
+    }
+  } host_times_;
 
   int device_;
   std::string name_;
