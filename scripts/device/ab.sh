@@ -11,7 +11,9 @@
 # separated VAR=value settings of the new build, each its own arm), PROFILE_ROWS (E4B prefill
 # row counts for GEIST_PROFILE tables; their first calls include lazy module loading, so
 # compare them only with -r above 1), PPTG_EXTRA (more `bench pp-tg` options, e.g. "-d 1024"),
-# PINNED (set: `bench pinned` E4B -c 2048 of both builds, twice, alternated). Both builds' greedy text on both models is compared by
+# PINNED (set: `bench pinned` E4B -c 2048 of both builds, twice, alternated), MOD_ENV
+# (environment settings for the model tests, e.g. "GEIST_CUDA_LAZY_LOGITS=1"), HOST_TIMES
+# (set: GEIST_CUDA_HOST_TIMES=1 tg128 of the new build, defaults and each variant). Both builds' greedy text on both models is compared by
 # its md5sum (the same bits give the same text).
 . scripts/device/common.sh
 models
@@ -24,7 +26,8 @@ fi
 waitmodels
 if [ -n "${MOD_FILTER:-}" ]; then
   step "model tests: $MOD_FILTER (left $(left))"
-  GEIST_CUDA_TEST_MODELS=/tmp/e4b.gguf:/tmp/g3.gguf timeout 240 "$MOD" --gtest_filter="$MOD_FILTER" 2>&1 |
+  # shellcheck disable=SC2086
+  env ${MOD_ENV:-} GEIST_CUDA_TEST_MODELS=/tmp/e4b.gguf:/tmp/g3.gguf timeout 240 "$MOD" --gtest_filter="$MOD_FILTER" 2>&1 |
     grep "^\[  PASSED\|^\[  FAILED\|Failure\|FAILED\|tests ran\|^\[       OK" | head -30
 fi
 tg() {  # binary model [env...]: "pp512 <t/s> tg128 <t/s>" (and pp512@d<depth> ...), medians of -r 3
@@ -40,6 +43,11 @@ for m in g3 e4b; do
   for b in "$GB" "$G"; do
     timeout 30 "$b" run --backend cuda -m /tmp/$m.gguf -p "The quick brown fox" -n 48 --temp 0 --ignore-eos 2>/dev/null | md5sum
   done
+  for v in ${VARIANTS:-}; do
+    echo -n "$v: "
+    # shellcheck disable=SC2086
+    env $v timeout 30 "$G" run --backend cuda -m /tmp/$m.gguf -p "The quick brown fox" -n 48 --temp 0 --ignore-eos 2>/dev/null | md5sum
+  done
 done
 for m in g3 e4b; do
   step "A/B $m (left $(left)): base, new${VARIANTS:+, $VARIANTS}"
@@ -50,6 +58,16 @@ for m in g3 e4b; do
     echo "$line"
   done
 done
+if [ -n "${HOST_TIMES:-}" ]; then
+  for m in g3 e4b; do
+    for v in "" ${VARIANTS:-}; do
+      step "GEIST_CUDA_HOST_TIMES, $m tg128 ${v:-(defaults)} (left $(left))"
+      # shellcheck disable=SC2086
+      [ "$(left)" -gt 30 ] && env GEIST_CUDA_HOST_TIMES=1 $v timeout 30 "$G" bench pp-tg --backend cuda -m /tmp/$m.gguf \
+        -p 0 -n 128 -r 3 2>&1 | grep "GEIST_CUDA_HOST_TIMES"
+    done
+  done
+fi
 if [ -n "${PINNED:-}" ]; then
   for b in "$GB" "$G" "$GB" "$G"; do
     step "pinned E4B, $b (left $(left))"
