@@ -18,8 +18,8 @@
  *   own threads, sharing one copy of the weights. A call on a session that another
  *   thread is inside of is refused with GEIST_E_STATE ("in use by another thread"; the
  *   message goes to geist_last_error() only) instead of corrupting it; this guard is not a
- *   lock (the caller must still serialize) and does not cover the size/count getters,
- *   geist_session_logits or geist_session_free. A session keeps its model alive:
+ *   lock (the caller must still serialize) and does not cover the size/count getters
+ *   or geist_session_free. A session keeps its model alive:
  *   geist_model_free() on a model with live sessions releases it when the last session
  *   is freed.
  * - Params structs: start from geist_*_params_default() and change fields. The structs'
@@ -328,8 +328,9 @@ GEIST_API geist_status geist_session_sample(geist_session *s, geist_token *out);
 GEIST_API geist_status geist_session_set_sampling(geist_session *s, const geist_sampling_params *p);
 
 /* Logits after the last token ([n_vocab] floats, owned by the session, valid until the
- * next call that changes s), or NULL if the session has none (empty, or s NULL).
- * *n_vocab is set when n_vocab is not NULL (0 when NULL is returned). */
+ * next call that changes s), or NULL if the session has none (empty, or s NULL), and NULL
+ * with geist_last_error() set when the row could not be copied from the device or another
+ * thread is inside s. *n_vocab is set when n_vocab is not NULL (0 when NULL is returned). */
 GEIST_API const float *geist_session_logits(const geist_session *s, size_t *n_vocab);
 
 GEIST_API size_t geist_session_n_tokens(const geist_session *s); /* 0 for NULL */

@@ -544,7 +544,20 @@ geist_status geist_session_set_sampling(geist_session *s, const geist_sampling_p
 }
 
 const float *geist_session_logits(const geist_session *s, size_t *n_vocab) {
-  const float *l = s ? s->session->logits() : nullptr;
+  if (n_vocab) *n_vocab = 0;
+  if (s == nullptr) return nullptr;
+  // A row left on the device by a greedy step is copied here (Session::logits): device work,
+  // so the call takes the session as the others do.
+  InUse in_use_(s);
+  if (!in_use_.ok()) {
+    (void)InUse::refuse();
+    return nullptr;
+  }
+  if (geist::Status st = s->session->sync_logits(); !st.is_ok()) {
+    (void)report(st, const_cast<geist_session *>(s));
+    return nullptr;
+  }
+  const float *l = s->session->logits();
   if (n_vocab) *n_vocab = l ? static_cast<size_t>(s->session->n_vocab()) : 0;
   return l;
 }

@@ -117,7 +117,7 @@ Status Session::check_append(const int32_t *tokens, size_t n) const {
 // Inputs are validated and the scratch is reserved at create, so forward() fails only on
 // a device error. Earlier chunks of this call may then have overwritten ring rows the
 // state before the call still read, so the session goes back to its pin (or empty).
-Status Session::run_chunks(const int32_t *tokens, size_t n, size_t first, float *out) {
+Status Session::run_chunks(const int32_t *tokens, size_t n, size_t first, float *out, bool may_defer) {
   const size_t nv = static_cast<size_t>(model_.info().n_vocab);
   reserve_tokens(n);  // may throw: before anything changes
   for (size_t done = 0; done < n;) {
@@ -138,7 +138,7 @@ Status Session::run_chunks(const int32_t *tokens, size_t n, size_t first, float 
       greedy = greedy_target();
     }
     greedy_ = -1;
-    Status st = forward_one(tokens + done, rows, first_row, dst, greedy);
+    Status st = forward_one(tokens + done, rows, first_row, dst, greedy, may_defer);
     if (!st.is_ok()) {
       recover(rows);
       return st;
@@ -213,11 +213,7 @@ Status Session::pin_prefix(const int32_t *tokens, size_t n) {
   }
   Timer t;
   clear();
-  GEIST_RETURN_IF_ERROR(run_chunks(tokens, n, 0, nullptr));
-  if (Status st = sync_logits(); !st.is_ok()) {  // the pin keeps them
-    clear();
-    return st;
-  }
+  GEIST_RETURN_IF_ERROR(run_chunks(tokens, n, 0, nullptr, /*may_defer=*/false));  // the pin keeps the row
   pin_ = make_pin();
   stats_.pin_seconds += t.seconds();
   stats_.n_pins += 1;
@@ -262,20 +258,30 @@ const float *Session::logits() const {
 
 Status Session::sync_logits() const {
   if (!logits_on_device_) return Status::ok();
-  logits_on_device_ = false;  // asked once: after an error the row is gone, not half there
-  return exec_->fetch_outputs();
+  logits_on_device_ = false;  // asked once
+  Status st = exec_->fetch_outputs();
+  if (!st.is_ok()) has_logits_ = false;  // the row is gone (or half copied): none to read
+  return st;
 }
 
-Status Session::forward_one(const int32_t *tokens, int rows, int first_row, float *dst, int32_t *greedy) {
+Status Session::forward_one(const int32_t *tokens, int rows, int first_row, float *dst, int32_t *greedy,
+                            bool may_defer) {
   // Whatever was deferred is overwritten by this step.
   logits_on_device_ = false;
-  const bool defer = greedy != nullptr && dst == logits_.get();
+  // Only where the next draw is the step's token whatever the history (a repeat penalty
+  // makes greedy draws read the row once there is history: they would copy it anyway).
+  const SamplerParams &sp = sampler_.params();
+  const bool defer = may_defer && greedy != nullptr && dst == logits_.get() && sp.temperature <= 0.0f &&
+                     sp.repeat_penalty == 1.0f;
+  struct Undefer {  // also when forward throws (bad_alloc): later steps must not defer
+    Exec *e;
+    ~Undefer() {
+      if (e) e->defer_outputs(false);
+    }
+  } undefer{defer ? exec_.get() : nullptr};
   if (defer) exec_->defer_outputs(true);
   Status st = model_.arch().forward(tokens, rows, *cache_, *exec_, first_row, dst, greedy != nullptr ? &greedy : nullptr);
-  if (defer) {
-    exec_->defer_outputs(false);
-    logits_on_device_ = st.is_ok() && exec_->outputs_deferred();
-  }
+  if (defer) logits_on_device_ = st.is_ok() && exec_->outputs_deferred();
   return st;
 }
 

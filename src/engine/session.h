@@ -165,8 +165,12 @@ class Session {
   Status load_state(const SessionState &st);
 
   // The current logits row, or null without logits (or when a deferred row could not be
-  // copied from the device: a device error).
+  // copied from the device: a device error, which sync_logits reports).
   const float *logits() const;
+  // Copies a logits row that a greedy step left on the device (Exec::defer_outputs) to the
+  // host; OK when none is pending. On a device error the row is gone: the session then has
+  // no logits (GEIST_E_STATE for a draw) until its next step, reset or restore.
+  Status sync_logits() const;
   int64_t n_vocab() const { return model_.info().n_vocab; }
   size_t n_tokens() const { return tokens_.size(); }
   size_t n_pinned() const { return pin_ ? pin_->n : 0; }
@@ -198,7 +202,8 @@ class Session {
   Status check_append(const int32_t *tokens, size_t n) const;
   // Chunked forward passes; out/first as prefill_with_logits (out may be null). An error
   // is a device error, after which the session is back at its pin (recover).
-  Status run_chunks(const int32_t *tokens, size_t n, size_t first, float *out);
+  // may_defer: the last chunk's logits row may stay on the device (forward_one).
+  Status run_chunks(const int32_t *tokens, size_t n, size_t first, float *out, bool may_defer = true);
   // After a forward pass of failed_rows rows failed: back to the pin, or empty.
   void recover(int failed_rows);
   std::unique_ptr<Pin> make_pin() const;
@@ -232,14 +237,15 @@ class Session {
   Sampler sampler_;
   std::vector<int32_t> tokens_;
   Exec::HostFloats logits_;  // [n_vocab], from exec_->host_floats (page-locked on CUDA)
-  bool has_logits_ = false;
+  // Mutable: a failed sync_logits (const) drops them.
+  mutable bool has_logits_ = false;
   // logits_ is still on the device (Exec::defer_outputs: a greedy step's row, which the next
   // draw does not read); sync_logits() copies it. Every read of logits_ goes through it.
   mutable bool logits_on_device_ = false;
-  Status sync_logits() const;
   // model_.arch().forward for one sequence, its logits row deferred where greedy is set
   // (the step computes the token, so the row may never be read).
-  Status forward_one(const int32_t *tokens, int rows, int first_row, float *dst, int32_t *greedy);
+  Status forward_one(const int32_t *tokens, int rows, int first_row, float *dst, int32_t *greedy,
+                     bool may_defer = true);
   // The greedy token of logits_, computed by the step that wrote them (Exec::greedy: on a
   // GPU, on the device) when the sampler was greedy; -1: not computed.
   int32_t greedy_ = -1;

@@ -428,6 +428,7 @@ class CudaExec final : public Exec {
     }
     if (defer_) {
       deferred_.swap(outputs_);  // fetch_outputs copies them, if anyone asks
+      defer_ = false;            // one step per defer_outputs(true)
     } else {
       for (const Output &o : outputs_) {
         if (o.bytes) run(cuda::download_async(o.host, o.dev, o.bytes, stream_), "copying logits to the host");
