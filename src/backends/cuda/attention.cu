@@ -78,6 +78,10 @@ struct AttnCore {
   // The split kernel asks L2 for its chunks' K and V slices before griddepcontrol.wait
   // (decode: run_attention sets it; GEIST_CUDA_ATTN_PREFETCH=0 never).
   bool kv_prefetch;
+  // chunk_values takes a chunk's last keys (fewer than a group) as one predicated group
+  // instead of one or two per round trip (GEIST_CUDA_ATTN_VTAIL=1; off by default until it
+  // has run on a GPU). The same adds in the same order.
+  bool v_tail_group;
 };
 struct AttnParams {
   AttnCore c;
@@ -378,6 +382,32 @@ __device__ __forceinline__ void chunk_values(const AttnCore &a, int64_t s0, int 
       }
     }
   }
+  if (a.v_tail_group && j < len) {
+    // The last len - j < kVU keys as one group: every load issued before the first add (the
+    // loop below waits a round trip per one or two keys), the adds in key order as there.
+    float vv[kVU][kDpt];
+#pragma unroll
+    for (int u = 0; u < kVU; ++u) {
+      const bool in = j + u < len;
+      const uint8_t *row = a.v + size_t(slot_after(s0, in ? j + u : j, a.capacity)) * a.v_row_bytes;
+#pragma unroll
+      for (int i = 0; i < kDpt; ++i) {
+        const int d = tid + kThreads * i;
+        vv[u][i] = in && d < HD ? kv_elem<VT>(row, e0 + d) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kVU; ++u) {
+      if (j + u < len) {
+        const float w = sc[j + u];
+#pragma unroll
+        for (int i = 0; i < kDpt; ++i) {
+          if (tid + kThreads * i < HD) o[i] = __fadd_rn(o[i], __fmul_rn(w, vv[u][i]));
+        }
+      }
+    }
+    return;
+  }
   for (; j < len; ++j) {
     const uint8_t *row = a.v + size_t(slot_after(s0, j, a.capacity)) * a.v_row_bytes;
     const float w = sc[j];
@@ -388,6 +418,12 @@ __device__ __forceinline__ void chunk_values(const AttnCore &a, int64_t s0, int 
     }
   }
 }
+
+// The first chunk >= c_lo that split s takes (c % kSplits == s).
+__device__ __forceinline__ int64_t first_chunk_of_split(int64_t c_lo, int s) {
+  return c_lo + ((s - c_lo % kSplits) % kSplits + kSplits) % kSplits;
+}
+constexpr int kPrefetchChunks = 2;
 
 // Bytes of a row's first e elements (e a multiple of 32 for Q8_0).
 template <KvType T>
@@ -412,7 +448,10 @@ __device__ __forceinline__ void prefetch_chunks(const AttnCore &a, int r, int s,
   const int64_t e0 = int64_t(g) * head_dim;
   const size_t k_off = kv_bytes<KT>(e0), k_len = kv_bytes<KT>(e0 + head_dim) - k_off;
   const size_t v_off = kv_bytes<VT>(e0), v_len = kv_bytes<VT>(e0 + head_dim) - v_off;
-  for (int64_t c = c_lo + ((s - c_lo % kSplits) % kSplits + kSplits) % kSplits; c <= c_hi; c += kSplits) {
+  // At most kPrefetchChunks of them: at long contexts the rest would evict from L2 what the
+  // kernels before and this one still read (and the first chunks' loads hide the later ones').
+  int64_t c = first_chunk_of_split(c_lo, s);
+  for (int k = 0; c <= c_hi && k < kPrefetchChunks; c += kSplits, ++k) {
     const int64_t ka = c * kChunk > j0 ? c * kChunk : j0;
     const int64_t kb = c * kChunk + kChunk - 1 < p ? c * kChunk + kChunk - 1 : p;
     for (int64_t j = ka + threadIdx.x; j <= kb; j += kThreads) {  // a thread's keys, whole slices
@@ -452,7 +491,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnParams a0
 #pragma unroll
   for (int i = 0; i < kDpt; ++i) o[i] = 0.0f;
   const int64_t e0 = int64_t(g) * head_dim;
-  int64_t c = c_lo + ((s - c_lo % kSplits) % kSplits + kSplits) % kSplits;  // first chunk >= c_lo with c % kSplits == s
+  int64_t c = first_chunk_of_split(c_lo, s);
   __syncthreads();
   float qr[HD > 0 ? HD / 16 : 1];
   if constexpr (HD > 0) {
@@ -666,7 +705,7 @@ __global__ void __launch_bounds__(kMqThreads) attention_mq_kernel(AttnParams a0,
 #pragma unroll
   for (int i = 0; i < kPer; ++i) qr[i] = qs[hw * HD + l + 16 * i];
   const int oq = tid / 16;  // the output pass's query head (the same as hw)
-  int64_t c = c_lo + ((s - c_lo % kSplits) % kSplits + kSplits) % kSplits;
+  int64_t c = first_chunk_of_split(c_lo, s);
   for (; c <= c_hi; c += kSplits) {
     // This query head's keys in the chunk: [ka, kb], or none.
     const int64_t p = qh_pos(hw), j0 = qh_j0(hw);
@@ -912,7 +951,7 @@ __global__ void __launch_bounds__(kMqThreads, 2) attention_mqr_kernel(AttnParams
       mqr_stage<KT, HD>(a.k, a.k_row_bytes, t.t0, a.capacity, nt, e0, dst);
     }
   };
-  const int64_t c_first = c_lo + ((s - c_lo % kSplits) % kSplits + kSplits) % kSplits;
+  const int64_t c_first = first_chunk_of_split(c_lo, s);
   Tile cur{c_first, sa(c_first), false};
   Tile nxt = advance(cur);
   if (cur.c <= c_hi) issue(cur, buf);
@@ -1258,16 +1297,15 @@ bool mqr_on() {
   return v;
 }
 
-// Rows per call up to which the split kernel asks L2 for its keys ahead (AttnCore::kv_prefetch;
-// or any count when each row is a sequence of its own, batched decode). Above it the rows of
-// one sequence share their keys and every block would ask for the same lines again: E4B's
-// 64-row prefill chunks of `bench pinned` ran 4-5 % slower with every launch prefetching.
-constexpr int kPrefetchMaxRows = 4;
+// The split kernel asks L2 for its keys ahead (AttnCore::kv_prefetch) in calls of one row, or
+// of one row per sequence (batched decode). The rows of one sequence share their keys, so in
+// a longer call every block would ask for the same lines again: E4B's 64-row prefill chunks
+// of `bench pinned` ran 4-5 % slower with every launch prefetching.
 
 Status run_attention(const AttnArgs &a, const AttnParams &p_in, CudaStream s) {
   static const bool kv_prefetch = env_int("GEIST_CUDA_ATTN_PREFETCH", 1) != 0;
   AttnParams p = p_in;
-  p.c.kv_prefetch = kv_prefetch && (a.n_rows <= kPrefetchMaxRows || p.seqs.n == a.n_rows);
+  p.c.kv_prefetch = kv_prefetch && (a.n_rows == 1 || p.seqs.n == a.n_rows);
   if (a.scratch == nullptr || reference_kernels()) {
     const dim3 grid(unsigned(a.n_head), unsigned(a.n_rows));
     dispatch_kv(a.k_type, [&](auto tag_k) {
@@ -1372,6 +1410,8 @@ AttnParams params_of(const AttnArgs &a) {
   p.c.oq = a.quant_block != 0 ? act_quants(a.quant_scratch) : nullptr;
   p.c.od = a.quant_block != 0 ? act_scales(a.quant_scratch, a.n_rows, int64_t(a.n_head) * a.head_dim) : nullptr;
   p.c.kv_prefetch = false;  // run_attention decides
+  static const bool v_tail_group = env_int("GEIST_CUDA_ATTN_VTAIL", 0) != 0;
+  p.c.v_tail_group = v_tail_group;
   p.seqs.n = 0;
   return p;
 }
