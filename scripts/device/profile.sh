@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# One device call (~200 s on an H100): what each kernel of one decode step costs on its own,
-# under Nsight Compute (works on the Firecracker machines, KINDS.md). For each model (MODELS,
-# default the E4B and Gemma 3 270M geometries) it profiles `geist run` decoding N1 and then N2
-# tokens and prints (run N2 - run N1) / (N2 - N1) per kernel name: launches per token, summed
-# isolated duration, DRAM bytes read and the rate. ncu serializes the graph's nodes and flushes
-# the caches before each (--cache-control all): the sum is an upper bound of the step, the
-# graph with PDL overlaps launches and prefetches weights; compare with tg128. Run here:
+# One device call (~360 s on an H100, most of it the E4B runs under ncu): what each kernel of
+# one decode step costs on its own, under Nsight Compute (works on the Firecracker machines,
+# KINDS.md). For each model (MODELS, default the E4B and Gemma 3 270M geometries) it profiles
+# `geist run` decoding N1 and then N2 tokens and prints (run N2 - run N1) / (N2 - N1) per kernel
+# name: launches per token, summed isolated duration, DRAM bytes read and the rate. ncu
+# serializes the graph's nodes and flushes the caches before each (--cache-control all): the sum
+# is an upper bound of the step, the graph with PDL overlaps launches and prefetches weights;
+# compare with tg128. Run here:
 #   bash scripts/device/pack.sh
 #   run(command="bash scripts/device/profile.sh", carry=[".device", ".gpu-carry"], timeout_s=600)
 . scripts/device/common.sh
