@@ -246,7 +246,7 @@ void Session::reset() {
 Status Session::sample(int32_t *out) {
   if (out == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "out is NULL");
   if (!has_logits_) return GEIST_ERROR(GEIST_E_STATE, "no logits to sample from: prefill first");
-  if (!draws_step_greedy()) GEIST_RETURN_IF_ERROR(sync_logits());
+  GEIST_RETURN_IF_ERROR(sync_for_draw());
   *out = draw(row_pool());
   return Status::ok();
 }
@@ -264,15 +264,18 @@ Status Session::sync_logits() const {
   return st;
 }
 
+Status Session::sync_for_draw() const {
+  return draws_step_greedy() ? Status::ok() : sync_logits();
+}
+
 Status Session::forward_one(const int32_t *tokens, int rows, int first_row, float *dst, int32_t *greedy,
                             bool may_defer) {
   // Whatever was deferred is overwritten by this step.
   logits_on_device_ = false;
-  // Only where the next draw is the step's token whatever the history (a repeat penalty
-  // makes greedy draws read the row once there is history: they would copy it anyway).
-  const SamplerParams &sp = sampler_.params();
-  const bool defer = may_defer && greedy != nullptr && dst == logits_.get() && sp.temperature <= 0.0f &&
-                     sp.repeat_penalty == 1.0f;
+  // Only where the next draw is the step's token whatever the history (greedy is set for a
+  // greedy sampler; a repeat penalty makes its draws read the row once there is history).
+  const bool defer =
+      may_defer && greedy != nullptr && dst == logits_.get() && sampler_.params().repeat_penalty == 1.0f;
   struct Undefer {  // also when forward throws (bad_alloc): later steps must not defer
     Exec *e;
     ~Undefer() {
@@ -308,7 +311,7 @@ Status Session::decode_step(int32_t *out) {
     return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "the context of %lld tokens is full", (long long)cache_->n_ctx());
   }
   Timer t;
-  if (!draws_step_greedy()) GEIST_RETURN_IF_ERROR(sync_logits());
+  GEIST_RETURN_IF_ERROR(sync_for_draw());
   reserve_tokens(1);  // may throw: before the sampler draws
   const int32_t tok = draw(row_pool());  // records tok in the history
   int32_t *greedy = greedy_target();
@@ -386,7 +389,7 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
   std::vector<int32_t> drawn(n, 0);
   std::vector<size_t> decoding;  // the draws that read their logits
   for (size_t i = 0; i < n; ++i) {
-    if (n_tokens[i] == 0 && !sessions[i]->draws_step_greedy()) GEIST_RETURN_IF_ERROR(sessions[i]->sync_logits());
+    if (n_tokens[i] == 0) GEIST_RETURN_IF_ERROR(sessions[i]->sync_for_draw());
   }
   for (size_t i = 0; i < n; ++i) {
     if (n_tokens[i] != 0) continue;

@@ -258,7 +258,9 @@ class Session {
   bool draws_step_greedy() const { return greedy_ >= 0 && sampler_.draws_argmax(); }
   // The next token from the current logits, as sampler_.sample(logits_) draws it: the step's
   // greedy token where draws_step_greedy(), so the row is not read again here.
+  // sync_for_draw() first: a draw that reads the row needs it on the host.
   int32_t draw(ThreadPool *pool);
+  Status sync_for_draw() const;
   std::unique_ptr<Pin> pin_;
   mutable SessionStats stats_;  // snapshot() (const) counts too
 };

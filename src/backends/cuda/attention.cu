@@ -1301,7 +1301,6 @@ bool mqr_on() {
 // of one row per sequence (batched decode). The rows of one sequence share their keys, so in
 // a longer call every block would ask for the same lines again: E4B's 64-row prefill chunks
 // of `bench pinned` ran 4-5 % slower with every launch prefetching.
-
 Status run_attention(const AttnArgs &a, const AttnParams &p_in, CudaStream s) {
   static const bool kv_prefetch = env_int("GEIST_CUDA_ATTN_PREFETCH", 1) != 0;
   AttnParams p = p_in;
