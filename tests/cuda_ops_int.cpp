@@ -805,6 +805,102 @@ CUDA_TEST(CudaOps, QuantizingProducersThenMatmulSameBits) {
                    .is_ok());
 }
 
+// matmul_n_norm (a one-row rmsnorm_add_norm folded into the set's matvec: every block
+// computes the norms itself, the last block to read x and h writes them) gives the bits of
+// rmsnorm_add_norm and then matmul_n: y, and x, h, out in place, over the 270M's sets (640:
+// q/k/v of Q5_0 and Q8_0, gate/up), the 64-thread tree (<= 512), the 256-thread trees of 4
+// and 12 per thread, with and without the weights and the h scale. The launches share one
+// counter across grids of every size, which must come back to 0.
+CUDA_TEST(CudaOps, NormFoldedIntoMatvecSameBits) {
+  REQUIRE_CUDA();
+  std::mt19937 rng(47);
+  cu::CudaStream s = cuda_env().s;
+  using G = GgmlType;
+  struct Case {
+    int64_t k;
+    std::vector<std::pair<G, int64_t>> mats;
+  };
+  const std::vector<Case> cases = {
+      {640, {{G::Q5_0, 1024}, {G::Q5_0, 256}, {G::Q8_0, 256}}},
+      {640, {{G::Q5_0, 2048}, {G::Q5_0, 2048}}},
+      {640, {{G::Q5_0, 1024}, {G::Q5_0, 256}, {G::Q5_0, 256}}},
+      {64, {{G::Q8_0, 8}}},
+      {384, {{G::Q8_0, 200}, {G::Q4_0, 72}}},
+      {512, {{G::Q4_0, 33}}},
+      {1152, {{G::Q5_0, 512}, {G::Q8_0, 128}, {G::Q4_0, 64}, {G::Q5_0, 7}}},
+      {2560, {{G::Q8_0, 300}, {G::Q8_0, 300}}},
+      {3072, {{G::Q5_0, 96}}},
+  };
+  DevBuf count(std::vector<unsigned>{0u});
+  for (const Case &c : cases) {
+    const int64_t k = c.k;
+    const int n_mat = int(c.mats.size());
+    std::vector<std::unique_ptr<DevBuf>> dw, y_ref, y_got;
+    std::vector<cu::DevMatrix> ms;
+    std::vector<float *> yr, yg;
+    size_t scratch_bytes = 1;
+    for (auto [t, n_out] : c.mats) {
+      dw.push_back(std::make_unique<DevBuf>(random_matrix(t, k, n_out, rng)));
+      ms.push_back(dev_matrix(*dw.back(), t, k, n_out));
+      y_ref.push_back(std::make_unique<DevBuf>(size_t(n_out) * 4));
+      y_got.push_back(std::make_unique<DevBuf>(size_t(n_out) * 4));
+      yr.push_back(y_ref.back()->as<float>());
+      yg.push_back(y_got.back()->as<float>());
+      scratch_bytes = std::max(scratch_bytes, cu::matmul_scratch_bytes(ms.back(), 1));
+    }
+    ASSERT_TRUE(cu::matmul_n_norm_fits(ms.data(), n_mat, k)) << "K " << k;
+    DevBuf scratch(scratch_bytes);
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool weights = variant != 1, scaled = variant >= 2;
+      const std::string what = "K " + std::to_string(k) + " matrices " + std::to_string(n_mat) + " variant " +
+                               std::to_string(variant);
+      const std::vector<float> x = randn(size_t(k), rng, 3.0f), g = randn(k, rng), gn = randn(k, rng),
+                               h = randn(x.size(), rng, 5.0f);
+      DevBuf dg(g), dgn(gn), x_ref(x), h_ref(h), o_ref(x.size() * 4), x_got(x), h_got(h), o_got(x.size() * 4);
+      const float hs = scaled ? 0.75f : 1.0f;
+      const float *gp = weights ? dg.as<float>() : nullptr, *gnp = variant == 3 ? nullptr : dgn.as<float>();
+      CU_OK(cu::rmsnorm_add_norm(x_ref.as<float>(), gp, h_ref.as<float>(), hs, gnp, o_ref.as<float>(), 1, k, 1e-6f,
+                                 s));
+      CU_OK(cu::matmul_n(ms.data(), yr.data(), n_mat, o_ref.as<float>(), 1, cu::ActMode::Q8, scratch.as(), s));
+      cu::NormFold nf;
+      nf.x = x_got.as<float>();
+      nf.g = gp;
+      nf.h = h_got.as<float>();
+      nf.h_scale = hs;
+      nf.g_next = gnp;
+      nf.out = o_got.as<float>();
+      nf.dim = k;
+      nf.eps = 1e-6f;
+      nf.count = count.as<unsigned>();
+      CU_OK(cu::matmul_n_norm(ms.data(), yg.data(), n_mat, nf, s));
+      const DevBuf *got[3] = {&x_got, &h_got, &o_got}, *ref[3] = {&x_ref, &h_ref, &o_ref};
+      for (int i = 0; i < 3; ++i) {
+        const std::vector<float> a = got[i]->get<float>(x.size()), b = ref[i]->get<float>(x.size());
+        ASSERT_TRUE(bits_equal(a.data(), b.data(), x.size())) << "values " << i << " (x, h, out), " << what;
+      }
+      for (int m = 0; m < n_mat; ++m) {
+        const size_t n = size_t(ms[size_t(m)].n_out);
+        ASSERT_TRUE(bits_equal(y_got[size_t(m)]->get<float>(n).data(), y_ref[size_t(m)]->get<float>(n).data(), n))
+            << what << ", matrix " << m;
+      }
+      ASSERT_EQ(count.get<unsigned>(1)[0], 0u) << "the counter after " << what;
+    }
+  }
+  // What it does not take: K-quants, a K not of 32s or above 3072, five matrices, other K.
+  DevBuf w4(random_matrix(G::Q4_K, 256, 8, rng)), w5(random_matrix(G::Q5_0, 3104, 8, rng)),
+      w8(random_matrix(G::Q8_0, 640, 8, rng));
+  const cu::DevMatrix q4k = dev_matrix(w4, G::Q4_K, 256, 8), big = dev_matrix(w5, G::Q5_0, 3104, 8),
+                      q8 = dev_matrix(w8, G::Q8_0, 640, 8);
+  EXPECT_FALSE(cu::matmul_n_norm_fits(&q4k, 1, 256));
+  EXPECT_FALSE(cu::matmul_n_norm_fits(&big, 1, 3104));
+  EXPECT_FALSE(cu::matmul_n_norm_fits(&q8, 1, 512));
+  const cu::DevMatrix five[5] = {q8, q8, q8, q8, q8};
+  EXPECT_FALSE(cu::matmul_n_norm_fits(five, 5, 640));
+  EXPECT_TRUE(cu::matmul_n_norm_fits(five, 4, 640));
+  float *ys[1] = {nullptr};
+  EXPECT_FALSE(cu::matmul_n_norm(&q8, ys, 1, cu::NormFold{}, s).is_ok());
+}
+
 // head_norm_rope (Gemma's q/k/v norms and RoPE, one launch for up to three tensors) gives
 // the bits of rmsnorm per head then rope_neox on each tensor, for head dims 32..512 (and
 // 1024, where it runs those ops), with and without weights and rotation.

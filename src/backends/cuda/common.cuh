@@ -393,6 +393,55 @@ __device__ __forceinline__ float gelu_times(float g, float u) {
   return __fmul_rn(__fmul_rn(__fmul_rn(0.5f, g), __fadd_rn(1.0f, t)), u);
 }
 
+// ---- RMSNorm's tree (rmsnorm_kernel, rmsnorm_add_norm_kernel, and the matvecs that fold the
+// norm before them in: the same functions, so the same bits) ----
+
+// RMSNorm's scale of one vector, 1 / sqrt(mean(x^2) + eps), from each thread's double sum
+// of squares: across the warp by shuffles, then warp by warp in thread 0, in that fixed
+// order. Every thread of the block calls it; `part` (an entry per warp of the block) and
+// `r_sh` are the block's shared scratch, free again when it returns (a second call in the
+// same kernel is safe). In a block of more than kThreads threads the others pass ss = 0 and
+// their warps' entries are not read: the value is that of a block of kThreads.
+template <int kThreads>
+__device__ __forceinline__ float rms_scale(double ss, int64_t dim, float eps, double *part, float *r_sh) {
+  for (int o = 16; o >= 1; o /= 2) ss = __dadd_rn(ss, __shfl_xor_sync(0xFFFFFFFFu, ss, o));
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double t = part[0];
+    for (int w = 1; w < kThreads / 32; ++w) t = __dadd_rn(t, part[w]);
+    *r_sh = float(__ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(__ddiv_rn(t, double(dim)), double(eps)))));
+  }
+  __syncthreads();
+  return *r_sh;
+}
+
+// A thread's kPer elements i = threadIdx.x + j kThreads of a vector of dim (0 past dim, or
+// everywhere when p is null), all loaded before any is used.
+template <int kThreads, int kPer>
+__device__ __forceinline__ void load_part(const float *p, int64_t dim, float (&out)[kPer]) {
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kThreads;
+    out[j] = p && i < dim ? p[i] : 0.0f;
+  }
+}
+
+// A thread's sum of squares over its kPer register elements i = threadIdx.x + j kThreads,
+// in j order (the tree of rms_scale does the rest).
+template <int kThreads, int kPer>
+__device__ __forceinline__ double sum_squares(const float (&xr)[kPer], int64_t dim) {
+  double ss = 0.0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    if (threadIdx.x + j * kThreads < dim) {
+      const double t = double(xr[j]);
+      ss = __dadd_rn(ss, __dmul_rn(t, t));
+    }
+  }
+  return ss;
+}
+
 // The activation quantizers of Q8-mode matmuls (quant::quantize_row's arithmetic), one warp
 // per block. Q8_0: lane j holds element j of a 32-element block; writes q[j] and, lane 0,
 // *d.

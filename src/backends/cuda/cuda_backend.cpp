@@ -250,6 +250,7 @@ class CudaExec final : public Exec {
     for (auto &b : bufs_) cuda::device_free(b.p);
     cuda::device_free(step_);
     cuda::device_free(scratch_);
+    cuda::device_free(fold_count_);
     cuda::device_free(attn_scratch_);
     cuda::device_free(attn_counters_);
     cuda::device_free(greedy_dev_);
@@ -308,7 +309,7 @@ class CudaExec final : public Exec {
   // not counted.
   uint64_t scratch_bytes() const override {
     uint64_t n = step_bytes_ + (scratch_ ? matmul_scratch_bytes_ : 0) + attn_scratch_bytes_ + attn_counter_bytes_ +
-                 greedy_dev_bytes_;
+                 greedy_dev_bytes_ + (fold_count_ ? sizeof(unsigned) : 0);
     for (const Buf &b : bufs_) n += b.n * sizeof(float);
     return n;
   }
@@ -505,7 +506,12 @@ class CudaExec final : public Exec {
       }
     }
     void *scratch = scratch_;
-    if (mode == cuda::ActMode::Q8 && take_quantizing_producer(x, n_rows, w.data(), y.data(), n_mat, scratch)) {
+    cuda::NormFold nf;
+    if (mode == cuda::ActMode::Q8 && take_norm_fold(x, n_rows, w.data(), n_mat, &nf)) {
+      record("rmsnorm_add_norm+matmul", mix(k, 2),
+             [=, s = stream_] { return cuda::matmul_n_norm(w.data(), y.data(), n_mat, nf, s); });
+      if (profile_) label.insert(0, "rmsnorm_add_norm+");
+    } else if (mode == cuda::ActMode::Q8 && take_quantizing_producer(x, n_rows, w.data(), y.data(), n_mat, scratch)) {
       record("matmul", mix(k, 1), [=, s = stream_] {
         return cuda::matmul_n_quantized(w.data(), y.data(), n_mat, n_rows, scratch, s);
       });
@@ -541,7 +547,8 @@ class CudaExec final : public Exec {
                        return cuda::rmsnorm_add_norm_quantize(x.p, gp, h.p, h_scale, np, out.p, n_vec, dim, eps,
                                                               act_block, scratch, s);
                      };
-                   }, dim, "rmsnorm_add_norm+quantize", "norm"};
+                   }, dim, "rmsnorm_add_norm+quantize", "norm", {}};
+      if (n_vec == 1) producer_.fold = {x.p, gp, h.p, h_scale, np, out.p, dim, eps, nullptr};
     }
   }
   void head_norm_rope(const HeadNorm *t, int n_t, int n_rows, int head_dim, float eps, Act cs) override {
@@ -668,7 +675,7 @@ class CudaExec final : public Exec {
                aq.quant_scratch = scratch;
                return [=] { return cuda::attention_seqs(aq, t, s); };
              },
-             head_dim, "attention+quantize", "attn"};
+             head_dim, "attention+quantize", "attn", {}};
     });
     // One group covering the step's rows: the attention can quantize its output for the
     // output projection (take_quantizing_producer).
@@ -685,7 +692,7 @@ class CudaExec final : public Exec {
                      return [=] {
                        return cuda::gelu_mul_quantize(gate.p, up.p, out.p, rows, width, act_block, scratch, s);
                      };
-                   }, width, "gelu_mul+quantize", "gelu"};
+                   }, width, "gelu_mul+quantize", "gelu", {}};
     }
   }
   void gelu_mul_cols(Act gate, Act src, int64_t col0, Act tmp, int n_rows) override {
@@ -805,6 +812,7 @@ class CudaExec final : public Exec {
     int64_t unit = 0;
     const char *name = nullptr;  // the op's name once it quantizes
     const char *kind = nullptr;  // GEIST_CUDA_FUSE_QUANT's name for it
+    cuda::NormFold fold;         // a one-row rmsnorm_add_norm's arguments (fold.x set)
   };
   Producer producer_;
 
@@ -844,6 +852,45 @@ class CudaExec final : public Exec {
     ops_.back().f = producer_.make(act_block, scratch);
     ops_.back().what = producer_.name;
     step_hash_ = mix(step_hash_, uint64_t(act_block));
+    producer_ = Producer{};
+    return true;
+  }
+  // GEIST_CUDA_NORM_FOLD=1: a one-row rmsnorm_add_norm whose out only the matmul right after
+  // it reads is folded into that matmul's kernel (cuda::matmul_n_norm) where the matrices
+  // fit it: one dependent launch less per norm. Off by default until it has run on a GPU.
+  static bool norm_fold() {
+    static const bool v = [] {
+      const char *e = std::getenv("GEIST_CUDA_NORM_FOLD");
+      return e != nullptr && std::strcmp(e, "1") == 0;
+    }();
+    return v && fuse();
+  }
+  // Where the op just recorded is a one-row rmsnorm_add_norm that wrote x (n_rows 1) and the
+  // matrices fit cuda::matmul_n_norm: that op is dropped, *nf gets its arguments and true is
+  // returned (the matmul then runs both). The same bits.
+  bool take_norm_fold(Act x, int n_rows, const cuda::DevMatrix *w, int n_mat, cuda::NormFold *nf) {
+    if (!norm_fold() || !fuse_quant(producer_.kind) || !error_.is_ok() || producer_.ops != ops_.size() ||
+        ops_.empty() || producer_.fold.x == nullptr || producer_.out != x.p || n_rows != 1 || producer_.rows != 1 ||
+        !cuda::matmul_n_norm_fits(w, n_mat, producer_.fold.dim)) {
+      return false;
+    }
+    if (fold_count_ == nullptr) {  // zero when allocated; every fold leaves it zero
+      void *p = nullptr;
+      if (Status st = alloc(&p, sizeof(unsigned), "the norm fold's counter"); !st.is_ok()) {
+        fail(st);
+        return false;
+      }
+      const unsigned zero = 0;
+      if (Status st = cuda::upload(p, &zero, sizeof(zero)); !st.is_ok()) {
+        cuda::device_free(p);
+        fail(st);
+        return false;
+      }
+      fold_count_ = static_cast<unsigned *>(p);
+    }
+    *nf = producer_.fold;
+    nf->count = fold_count_;
+    ops_.pop_back();
     producer_ = Producer{};
     return true;
   }
@@ -1078,6 +1125,7 @@ class CudaExec final : public Exec {
   uint8_t *host_step_ = nullptr;                 // pinned
   std::unordered_map<int, float *> host_rope_;   // pinned, max_rows x rot_dim each
   void *scratch_ = nullptr;
+  unsigned *fold_count_ = nullptr;  // take_norm_fold's counter
   void *attn_scratch_ = nullptr;
   size_t attn_scratch_bytes_ = 0;
   // The greedy op's device parts and tokens, its pinned staging, and this step's request.

@@ -6,53 +6,7 @@
 namespace geist::cuda {
 namespace {
 
-constexpr unsigned kFull = 0xFFFFFFFFu;
-
 unsigned blocks_for(int64_t n, int per) { return unsigned((n + per - 1) / per); }
-
-// RMSNorm's scale of one vector, 1 / sqrt(mean(x^2) + eps), from each thread's double sum
-// of squares: across the warp by shuffles, then warp by warp in thread 0, in that fixed
-// order. Every thread of the block calls it; `part` and `r_sh` are the block's shared
-// scratch, free again when it returns (a second call in the same kernel is safe).
-template <int kThreads>
-__device__ __forceinline__ float rms_scale(double ss, int64_t dim, float eps, double *part, float *r_sh) {
-  for (int o = 16; o >= 1; o /= 2) ss = __dadd_rn(ss, __shfl_xor_sync(kFull, ss, o));
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double t = part[0];
-    for (int w = 1; w < kThreads / 32; ++w) t = __dadd_rn(t, part[w]);
-    *r_sh = float(__ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(__ddiv_rn(t, double(dim)), double(eps)))));
-  }
-  __syncthreads();
-  return *r_sh;
-}
-
-// A thread's kPer elements i = threadIdx.x + j kThreads of a vector of dim (0 past dim, or
-// everywhere when p is null), all loaded before any is used.
-template <int kThreads, int kPer>
-__device__ __forceinline__ void load_part(const float *p, int64_t dim, float (&out)[kPer]) {
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    const int i = threadIdx.x + j * kThreads;
-    out[j] = p && i < dim ? p[i] : 0.0f;
-  }
-}
-
-// A thread's sum of squares over its kPer register elements i = threadIdx.x + j kThreads,
-// in j order (the tree of rms_scale does the rest).
-template <int kThreads, int kPer>
-__device__ __forceinline__ double sum_squares(const float (&xr)[kPer], int64_t dim) {
-  double ss = 0.0;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    if (threadIdx.x + j * kThreads < dim) {
-      const double t = double(xr[j]);
-      ss = __dadd_rn(ss, __dmul_rn(t, t));
-    }
-  }
-  return ss;
-}
 
 // One block per vector. The sum of squares is taken in double (each square is exact in
 // double) by a fixed tree: per thread in index order, then across the warp, then warp by
@@ -69,7 +23,7 @@ __global__ void __launch_bounds__(kThreads)
   float xr[kR], gr[kR], hr[kR];
   // The norm weights before the wait: no kernel writes them, so their loads overlap the
   // kernel before instead of adding a round trip after it (the same values).
-  if constexpr (kPer > 0) load_part<kThreads, kPer>(g, dim, gr);
+  if constexpr (kPer > 0) dev::load_part<kThreads, kPer>(g, dim, gr);
   dev::pdl_start();
   __shared__ double part[kThreads / 32];
   __shared__ float r_sh;
@@ -78,16 +32,16 @@ __global__ void __launch_bounds__(kThreads)
   float *hv = h ? h + size_t(blockIdx.x) * dim : nullptr;
   double ss = 0.0;
   if constexpr (kPer > 0) {
-    load_part<kThreads, kPer>(xv, dim, xr);
-    load_part<kThreads, kPer>(hv, dim, hr);
-    ss = sum_squares<kThreads, kPer>(xr, dim);
+    dev::load_part<kThreads, kPer>(xv, dim, xr);
+    dev::load_part<kThreads, kPer>(hv, dim, hr);
+    ss = dev::sum_squares<kThreads, kPer>(xr, dim);
   } else {
     for (int64_t i = threadIdx.x; i < dim; i += kThreads) {
       const double t = double(xv[i]);
       ss = __dadd_rn(ss, __dmul_rn(t, t));
     }
   }
-  const float r = rms_scale<kThreads>(ss, dim, eps, part, &r_sh);
+  const float r = dev::rms_scale<kThreads>(ss, dim, eps, part, &r_sh);
   if constexpr (kPer > 0) {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
@@ -123,16 +77,16 @@ __global__ void __launch_bounds__(kThreads)
                             float *out, int64_t dim, float eps, int8_t *__restrict__ oq, float *__restrict__ od,
                             int act_block) {
   float xr[kPer], gr[kPer], hr[kPer], nr[kPer];
-  load_part<kThreads, kPer>(g, dim, gr);  // both norms' weights before the wait (rmsnorm_kernel)
-  load_part<kThreads, kPer>(gn, dim, nr);
+  dev::load_part<kThreads, kPer>(g, dim, gr);  // both norms' weights before the wait (rmsnorm_kernel)
+  dev::load_part<kThreads, kPer>(gn, dim, nr);
   dev::pdl_start();
   __shared__ double part[kThreads / 32];
   __shared__ float r_sh;
   float *xv = x + size_t(blockIdx.x) * dim;
   float *hv = h + size_t(blockIdx.x) * dim;
-  load_part<kThreads, kPer>(xv, dim, xr);
-  load_part<kThreads, kPer>(hv, dim, hr);
-  const float r = rms_scale<kThreads>(sum_squares<kThreads, kPer>(xr, dim), dim, eps, part, &r_sh);
+  dev::load_part<kThreads, kPer>(xv, dim, xr);
+  dev::load_part<kThreads, kPer>(hv, dim, hr);
+  const float r = dev::rms_scale<kThreads>(dev::sum_squares<kThreads, kPer>(xr, dim), dim, eps, part, &r_sh);
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + j * kThreads;
@@ -147,7 +101,7 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   if (out == nullptr) return;
-  const float r2 = rms_scale<kThreads>(sum_squares<kThreads, kPer>(hr, dim), dim, eps, part, &r_sh);
+  const float r2 = dev::rms_scale<kThreads>(dev::sum_squares<kThreads, kPer>(hr, dim), dim, eps, part, &r_sh);
   float *ov = out + size_t(blockIdx.x) * dim;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
@@ -219,11 +173,11 @@ __global__ void __launch_bounds__(64) head_norm_rope_kernel(HeadNormSet t, int n
   const int ring = ti == 0 ? t.ring[0] : ti == 1 ? t.ring[1] : t.ring[2];
   float *xv = x + size_t(b) * head_dim;
   float xr[kPer], gr[kPer];
-  if (norm) load_part<kThreads, kPer>(g, head_dim, gr);  // the weights before the wait (rmsnorm_kernel)
+  if (norm) dev::load_part<kThreads, kPer>(g, head_dim, gr);  // the weights before the wait (rmsnorm_kernel)
   dev::pdl_start();
-  load_part<kThreads, kPer>(xv, head_dim, xr);
+  dev::load_part<kThreads, kPer>(xv, head_dim, xr);
   if (norm) {
-    const float r = rms_scale<kThreads>(sum_squares<kThreads, kPer>(xr, head_dim), head_dim, eps, part, &r_sh);
+    const float r = dev::rms_scale<kThreads>(dev::sum_squares<kThreads, kPer>(xr, head_dim), head_dim, eps, part, &r_sh);
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       xr[j] = __fmul_rn(xr[j], r);

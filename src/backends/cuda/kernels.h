@@ -172,6 +172,30 @@ Status gelu_mul_quantize(const float *gate, const float *up, float *out, int n_r
 // Bits: cpu::embedding_gather's.
 Status embed(const DevMatrix &table, const int32_t *ids, int n, float scale, float *out, CudaStream s);
 
+// A decode step's norm before its matmul, folded into the matmul's kernel: the args of a
+// one-row rmsnorm_add_norm with out set (x, h, out: [dim], distinct; g, g_next may be null),
+// and `count`, a device counter that is 0 and that the kernel leaves 0.
+struct NormFold {
+  float *x = nullptr;
+  const float *g = nullptr;
+  float *h = nullptr;
+  float h_scale = 1.0f;
+  const float *g_next = nullptr;
+  float *out = nullptr;
+  int64_t dim = 0;
+  float eps = 0.0f;
+  unsigned *count = nullptr;
+};
+// Whether matmul_n_norm runs these matrices (one row, K = dim) as one launch: 1 to 4
+// matrices of 32-block types (Q4_0, Q5_0, Q8_0) that the one-row matrix-vector kernels take,
+// dim a multiple of 32 and at most kRmsNormAddNormMaxDim.
+bool matmul_n_norm_fits(const DevMatrix *ws, int n_mat, int64_t dim);
+// rmsnorm_add_norm(nf, n_vec 1) and then matmul_n of its out in Q8 mode, as one launch:
+// every block computes the norms and out's quantization itself (rmsnorm_add_norm_quantize's
+// operations in its order), so the matmul does not wait a kernel boundary for them, and the
+// block that reads x and h last writes x, h and out. The same bits as the two ops.
+Status matmul_n_norm(const DevMatrix *ws, float *const *ys, int n_mat, const NormFold &nf, CudaStream s);
+
 // ---- row-wise and elementwise ops -----------------------------------------------------------
 
 // out = x / rms(x) * g per vector of dim (eps inside the root); x, out: [n_vec][dim] (out may

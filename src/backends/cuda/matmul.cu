@@ -322,6 +322,120 @@ __global__ void __launch_bounds__(kMvq32Warps * 32)
   }
 }
 
+// ---- the norm before a one-row set, folded in (matmul_n_norm) ---------------------------
+// A decode step's rmsnorm_add_norm costs a kernel of its own, and the matvec after it waits a
+// kernel boundary (~1.7 us, CUDA.md) and a load of its quantized row. Here every block of
+// the set's matvec computes the norms of the one row itself, with the tree of
+// rmsnorm_add_norm_kernel<kTree, kPer> (threads past kTree hold nothing: rms_scale), and
+// quantizes out into shared memory with the same quantizer, so each value is the one the two
+// kernels write. x and h are updated in place, so no block may write them while another
+// still reads them: after its loads every block takes a ticket, and the block with the last
+// one (every other block has read by then) writes x, h and out at its end; the counter
+// wraps back to 0 for the next launch (atomicInc). The kernels after this one wait for the
+// whole grid (pdl_start), so they see those writes.
+template <int kTree, int kPer>
+struct FoldRow {
+  float x[kPer], h[kPer], o[kPer];  // thread's elements i = threadIdx.x + j kTree
+};
+
+template <int kTree, int kPer>
+__device__ __forceinline__ void fold_norm(const NormFold &nf, const float (&gr)[kPer], const float (&nr)[kPer],
+                                          FoldRow<kTree, kPer> &r, float *o_sh, int8_t *xs, float *ds,
+                                          double *part, float *r_sh) {
+  const bool tree = threadIdx.x < kTree;
+  const int64_t dim = nf.dim;
+  float xr[kPer] = {}, hr[kPer] = {};
+  if (tree) {
+    dev::load_part<kTree, kPer>(nf.x, dim, xr);
+    dev::load_part<kTree, kPer>(nf.h, dim, hr);
+  }
+  const float r1 = dev::rms_scale<kTree>(tree ? dev::sum_squares<kTree, kPer>(xr, dim) : 0.0, dim, nf.eps, part, r_sh);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kTree;
+    r.x[j] = 0.0f;
+    r.h[j] = 0.0f;
+    if (tree && i < dim) {
+      float v = __fmul_rn(xr[j], r1);
+      if (nf.g) v = __fmul_rn(v, gr[j]);
+      r.x[j] = v;
+      float t = __fadd_rn(hr[j], v);
+      if (nf.h_scale != 1.0f) t = __fmul_rn(t, nf.h_scale);
+      r.h[j] = t;
+    }
+  }
+  const float r2 = dev::rms_scale<kTree>(tree ? dev::sum_squares<kTree, kPer>(r.h, dim) : 0.0, dim, nf.eps, part, r_sh);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kTree;
+    r.o[j] = 0.0f;
+    if (tree && i < dim) {
+      float v = __fmul_rn(r.h[j], r2);
+      if (nf.g_next) v = __fmul_rn(v, nr[j]);
+      r.o[j] = v;
+      o_sh[i] = v;
+    }
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  for (int b = threadIdx.x / 32; b < int(dim / 32); b += int(blockDim.x / 32)) {
+    dev::quant_q8_0_block(o_sh[32 * b + lane], lane, xs + 32 * b, ds + b);
+  }
+  __syncthreads();
+}
+
+// T: the set's type; kMixed: each matrix's own (set.type), as matvec_q32_mixed_kernel.
+template <GgmlType T, bool kMixed, int kTree, int kPer>
+__global__ void __launch_bounds__(kMvq32Warps * 32)
+    matvec_q32_norm_kernel(Q32Set set, int64_t K, NormFold nf, int pf) {
+  static_assert(kTree <= kMvq32Warps * 32, "the tree fits the block");
+  float gr[kPer] = {}, nr[kPer] = {};
+  if (threadIdx.x < kTree) {  // the norm weights before the wait, as rmsnorm_add_norm_kernel
+    dev::load_part<kTree, kPer>(nf.g, nf.dim, gr);
+    dev::load_part<kTree, kPer>(nf.g_next, nf.dim, nr);
+  }
+  int m = 0;
+  int64_t n = 0;
+  const uint8_t *wrow = nullptr;
+  const bool live = q32_place(set, pf, &m, &n, &wrow);  // weights asked of L2, then pdl_start
+  __shared__ __align__(16) int8_t xs[kTree * kPer];
+  __shared__ float ds[kTree * kPer / 32];
+  __shared__ float o_sh[kTree * kPer];
+  __shared__ double part[kMvq32Warps];
+  __shared__ float r_sh;
+  __shared__ bool last_sh;
+  FoldRow<kTree, kPer> r;
+  fold_norm<kTree, kPer>(nf, gr, nr, r, o_sh, xs, ds, part, &r_sh);
+  // Every load of x and h has been used by now (the barrier after the norms).
+  unsigned ticket = 0;
+  if (threadIdx.x == 0) ticket = atomicInc(nf.count, gridDim.x - 1);
+  if (live) {
+    float *y = set.y[m];
+    const int64_t n_out = set.n_out[m];
+    if constexpr (kMixed) {
+      switch (set.type[m]) {
+        case GgmlType::Q4_0: q32_warp<GgmlType::Q4_0, 1>(wrow, y, n, n_out, K, xs, ds, 1); break;
+        case GgmlType::Q5_0: q32_warp<GgmlType::Q5_0, 1>(wrow, y, n, n_out, K, xs, ds, 1); break;
+        default: q32_warp<GgmlType::Q8_0, 1>(wrow, y, n, n_out, K, xs, ds, 1); break;
+      }
+    } else {
+      q32_warp<T, 1>(wrow, y, n, n_out, K, xs, ds, 1);
+    }
+  }
+  if (threadIdx.x == 0) last_sh = ticket == gridDim.x - 1;
+  __syncthreads();
+  if (!last_sh || threadIdx.x >= kTree) return;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kTree;
+    if (i < nf.dim) {
+      nf.x[i] = r.x[j];
+      nf.h[i] = r.h[j];
+      nf.out[i] = r.o[j];
+    }
+  }
+}
+
 // ---- one row of a long 32-block matrix, staged through shared memory ----------------------
 // The 270M's output head (Q8_0, 640 x 262144, 178 MB per token) read at ~1.2 TB/s in
 // matvec_q32_kernel, where a warp takes one 680-byte row: 3 steps of 8 blocks, each with its
@@ -1099,6 +1213,19 @@ bool launch_q32_matvec_mixed(const DevMatrix *ws, float *const *ys, int n, const
   return true;
 }
 
+// The set takes one launch of matvec_q32_norm_kernel (matmul_n_norm_fits); *mixed: its
+// types differ.
+bool q32_norm_set(const DevMatrix *ws, int n_mat, int64_t dim, bool *mixed) {
+  static const bool mixed_on = env_int("GEIST_CUDA_MIXED_SET", 1) != 0;
+  if (n_mat < 1 || n_mat > kQ32SetMax || dim <= 0 || dim % 32 != 0 || dim > kRmsNormAddNormMaxDim) return false;
+  *mixed = false;
+  for (int m = 0; m < n_mat; ++m) {
+    if (!q32_matvec(ws[m], 1) || ws[m].n_in != dim) return false;
+    *mixed = *mixed || ws[m].type != ws[0].type;
+  }
+  return !*mixed || mixed_on;
+}
+
 // The Q8-mode matmul once x is quantized (qa: matmul_scratch_bytes' layout for w).
 Status matmul_quantized(const DevMatrix &w, const QuantizedActs &qa, float *y, int n_rows, CudaStream s) {
   const int8_t *xq = qa.q;
@@ -1256,6 +1383,43 @@ Status quantize_rows(const float *x, int64_t K, int n_rows, int act_block, void 
   if (n_rows == 0) return Status::ok();
   quantize_acts(x, K, n_rows, act_block, scratch, s);
   return launch_status("cuda::quantize_rows");
+}
+
+bool matmul_n_norm_fits(const DevMatrix *ws, int n_mat, int64_t dim) {
+  bool mixed = false;
+  return ws != nullptr && q32_norm_set(ws, n_mat, dim, &mixed);
+}
+
+Status matmul_n_norm(const DevMatrix *ws, float *const *ys, int n_mat, const NormFold &nf, CudaStream s) {
+  bool mixed = false;
+  if (ys == nullptr || !matmul_n_norm_fits(ws, n_mat, nf.dim) || nf.x == nullptr || nf.h == nullptr ||
+      nf.out == nullptr || nf.count == nullptr) {
+    return bad_arg("cuda::matmul_n_norm: matrices it does not take, or null pointers");
+  }
+  (void)q32_norm_set(ws, n_mat, nf.dim, &mixed);
+  const Q32Set set = q32_set(ws, ys, n_mat);
+  const dim3 g(unsigned((set.first[n_mat] + kMvq32Warps - 1) / kMvq32Warps));
+  const int64_t K = nf.dim;
+  // The tree of rmsnorm_add_norm_quantize for this dim: 64 threads up to 512, else 256.
+  auto go = [&](auto tag, auto mixed_tag) {
+    constexpr GgmlType T = decltype(tag)::value;
+    constexpr bool kMixed = decltype(mixed_tag)::value;
+    auto with = [&](auto kernel) { launch(kernel, g, kMvq32Warps * 32, s, set, K, nf, prefetch_mode()); };
+    if (nf.dim <= 512) {
+      with(matvec_q32_norm_kernel<T, kMixed, 64, 8>);
+    } else if (nf.dim <= 1024) {
+      with(matvec_q32_norm_kernel<T, kMixed, 256, 4>);
+    } else {
+      with(matvec_q32_norm_kernel<T, kMixed, 256, 12>);
+    }
+  };
+  if (mixed) {
+    go(std::integral_constant<GgmlType, GgmlType::Q8_0>{}, std::true_type{});
+  } else if (!dispatch_among<GgmlType, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0>(
+                 ws[0].type, [&](auto tag) { go(tag, std::false_type{}); })) {
+    return bad_arg("cuda::matmul_n_norm: not a 32-block type");
+  }
+  return launch_status("cuda::matmul_n_norm");
 }
 
 Status matmul_n_quantized(const DevMatrix *ws, float *const *ys, int n_mat, int n_rows, void *scratch, CudaStream s) {
