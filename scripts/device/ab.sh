@@ -12,7 +12,8 @@
 # row counts for GEIST_PROFILE tables; their first calls include lazy module loading, so
 # compare them only with -r above 1), PPTG_EXTRA (more `bench pp-tg` options, e.g. "-d 1024"),
 # PINNED (set: `bench pinned` E4B -c 2048 of both builds, twice, alternated), MOD_ENV
-# (environment settings for the model tests, e.g. "GEIST_CUDA_LAZY_LOGITS=1"), HOST_TIMES
+# (environment settings for the model tests, e.g. "GEIST_CUDA_LAZY_LOGITS=1"), OPS_ENV (the
+# same for the op tests), HOST_TIMES
 # (set: GEIST_CUDA_HOST_TIMES=1 tg128 of the new build, defaults and each variant). Both builds' greedy text on both models is compared by
 # its md5sum (the same bits give the same text).
 . scripts/device/common.sh
@@ -21,7 +22,8 @@ mkdir -p /tmp/base && tar -xJf .gpu-carry/bins_base.tar.xz -C /tmp/base
 GB=/tmp/base/build/cuda90/tools/geist
 if [ -n "${OPS_FILTER:-}" ]; then
   step "op tests: $OPS_FILTER"
-  timeout 200 "$OPS" --gtest_filter="$OPS_FILTER" 2>&1 | grep "^\[  PASSED\|^\[  FAILED\|Failure\|FAILED\|tests ran" | head -20
+  # shellcheck disable=SC2086
+  env ${OPS_ENV:-} timeout 200 "$OPS" --gtest_filter="$OPS_FILTER" 2>&1 | grep "^\[  PASSED\|^\[  FAILED\|Failure\|FAILED\|tests ran" | head -20
 fi
 waitmodels
 if [ -n "${MOD_FILTER:-}" ]; then
