@@ -807,10 +807,12 @@ CUDA_TEST(CudaOps, QuantizingProducersThenMatmulSameBits) {
 
 // matmul_n_norm (a one-row rmsnorm_add_norm folded into the set's matvec: every block
 // computes the norms itself, the last block to read x and h writes them) gives the bits of
-// rmsnorm_add_norm and then matmul_n: y, and x, h, out in place, over the 270M's sets (640:
-// q/k/v of Q5_0 and Q8_0, gate/up), the 64-thread tree (<= 512), the 256-thread trees of 4
-// and 12 per thread, with and without the weights and the h scale. The launches share one
-// counter across grids of every size, which must come back to 0.
+// rmsnorm_add_norm and then matmul_n (and of the quantizing norm and matmul_n_quantized,
+// which the exec runs without the fold): y, and x, h, out in place, over the 270M's sets
+// (640: q/k/v of Q5_0 and Q8_0, gate/up), the 64-thread tree (<= 512), the 256-thread trees
+// of 4 and 12 per thread and their edges, with and without the weights and the h scale. The
+// launches share one counter across grids of 1 to 8224 blocks (many waves), which must come
+// back to 0.
 CUDA_TEST(CudaOps, NormFoldedIntoMatvecSameBits) {
   REQUIRE_CUDA();
   std::mt19937 rng(47);
@@ -824,12 +826,17 @@ CUDA_TEST(CudaOps, NormFoldedIntoMatvecSameBits) {
       {640, {{G::Q5_0, 1024}, {G::Q5_0, 256}, {G::Q8_0, 256}}},
       {640, {{G::Q5_0, 2048}, {G::Q5_0, 2048}}},
       {640, {{G::Q5_0, 1024}, {G::Q5_0, 256}, {G::Q5_0, 256}}},
-      {64, {{G::Q8_0, 8}}},
+      {64, {{G::Q8_0, 8}, {G::Q8_0, 1}}},  // one block of the grid
+      {96, {{G::Q4_0, 40}, {G::Q4_0, 9}}},
       {384, {{G::Q8_0, 200}, {G::Q4_0, 72}}},
-      {512, {{G::Q4_0, 33}}},
+      {512, {{G::Q4_0, 33}, {G::Q5_0, 31}}},  // the 64-thread tree's last dim
+      {544, {{G::Q5_0, 64}, {G::Q5_0, 64}}},  // the 256-thread trees' first
+      {1024, {{G::Q8_0, 128}, {G::Q5_0, 64}}},
+      {1056, {{G::Q5_0, 96}, {G::Q5_0, 32}}},
       {1152, {{G::Q5_0, 512}, {G::Q8_0, 128}, {G::Q4_0, 64}, {G::Q5_0, 7}}},
       {2560, {{G::Q8_0, 300}, {G::Q8_0, 300}}},
-      {3072, {{G::Q5_0, 96}}},
+      {3072, {{G::Q5_0, 96}, {G::Q8_0, 8}}},
+      {640, {{G::Q8_0, 65536}, {G::Q5_0, 256}}},  // 8224 blocks: many waves meet one counter
   };
   DevBuf count(std::vector<unsigned>{0u});
   for (const Case &c : cases) {
@@ -873,6 +880,24 @@ CUDA_TEST(CudaOps, NormFoldedIntoMatvecSameBits) {
       nf.eps = 1e-6f;
       nf.count = count.as<unsigned>();
       CU_OK(cu::matmul_n_norm(ms.data(), yg.data(), n_mat, nf, s));
+      // And the path the exec takes without the fold: the quantizing norm, then the set.
+      {
+        DevBuf x_q(x), h_q(h), o_q(x.size() * 4);
+        std::vector<std::unique_ptr<DevBuf>> y_q;
+        std::vector<float *> yq;
+        for (int m = 0; m < n_mat; ++m) {
+          y_q.push_back(std::make_unique<DevBuf>(size_t(ms[size_t(m)].n_out) * 4));
+          yq.push_back(y_q.back()->as<float>());
+        }
+        CU_OK(cu::rmsnorm_add_norm_quantize(x_q.as<float>(), gp, h_q.as<float>(), hs, gnp, o_q.as<float>(), 1, k,
+                                            1e-6f, 32, scratch.as(), s));
+        CU_OK(cu::matmul_n_quantized(ms.data(), yq.data(), n_mat, 1, scratch.as(), s));
+        for (int m = 0; m < n_mat; ++m) {
+          const size_t n = size_t(ms[size_t(m)].n_out);
+          ASSERT_TRUE(bits_equal(y_q[size_t(m)]->get<float>(n).data(), y_ref[size_t(m)]->get<float>(n).data(), n))
+              << "the quantizing path, " << what << ", matrix " << m;
+        }
+      }
       const DevBuf *got[3] = {&x_got, &h_got, &o_got}, *ref[3] = {&x_ref, &h_ref, &o_ref};
       for (int i = 0; i < 3; ++i) {
         const std::vector<float> a = got[i]->get<float>(x.size()), b = ref[i]->get<float>(x.size());
@@ -886,19 +911,36 @@ CUDA_TEST(CudaOps, NormFoldedIntoMatvecSameBits) {
       ASSERT_EQ(count.get<unsigned>(1)[0], 0u) << "the counter after " << what;
     }
   }
-  // What it does not take: K-quants, a K not of 32s or above 3072, five matrices, other K.
+  // What it does not take: K-quants, a K not of 32s or above 3072, one or five matrices,
+  // another K; outputs over x, h or out.
   DevBuf w4(random_matrix(G::Q4_K, 256, 8, rng)), w5(random_matrix(G::Q5_0, 3104, 8, rng)),
       w8(random_matrix(G::Q8_0, 640, 8, rng));
-  const cu::DevMatrix q4k = dev_matrix(w4, G::Q4_K, 256, 8), big = dev_matrix(w5, G::Q5_0, 3104, 8),
+  const cu::DevMatrix q4k[2] = {dev_matrix(w4, G::Q4_K, 256, 8), dev_matrix(w4, G::Q4_K, 256, 8)},
+                      big[2] = {dev_matrix(w5, G::Q5_0, 3104, 8), dev_matrix(w5, G::Q5_0, 3104, 8)},
                       q8 = dev_matrix(w8, G::Q8_0, 640, 8);
-  EXPECT_FALSE(cu::matmul_n_norm_fits(&q4k, 1, 256));
-  EXPECT_FALSE(cu::matmul_n_norm_fits(&big, 1, 3104));
-  EXPECT_FALSE(cu::matmul_n_norm_fits(&q8, 1, 512));
+  EXPECT_FALSE(cu::matmul_n_norm_fits(q4k, 2, 256));
+  EXPECT_FALSE(cu::matmul_n_norm_fits(big, 2, 3104));
   const cu::DevMatrix five[5] = {q8, q8, q8, q8, q8};
+  EXPECT_FALSE(cu::matmul_n_norm_fits(five, 2, 512));
+  EXPECT_FALSE(cu::matmul_n_norm_fits(five, 1, 640));
   EXPECT_FALSE(cu::matmul_n_norm_fits(five, 5, 640));
   EXPECT_TRUE(cu::matmul_n_norm_fits(five, 4, 640));
-  float *ys[1] = {nullptr};
-  EXPECT_FALSE(cu::matmul_n_norm(&q8, ys, 1, cu::NormFold{}, s).is_ok());
+  DevBuf xb(640 * 4), hb(640 * 4), ob(640 * 4), yb(8 * 4);
+  cu::NormFold nf;
+  nf.x = xb.as<float>();
+  nf.h = hb.as<float>();
+  nf.out = ob.as<float>();
+  nf.dim = 640;
+  nf.count = count.as<unsigned>();
+  float *ys[2] = {yb.as<float>(), nullptr};
+  EXPECT_FALSE(cu::matmul_n_norm(five, ys, 2, nf, s).is_ok());  // a null output
+  ys[1] = ob.as<float>() + 4;
+  EXPECT_FALSE(cu::matmul_n_norm(five, ys, 2, nf, s).is_ok());  // an output inside out
+  ys[1] = yb.as<float>();
+  nf.h = nf.x + 100;
+  EXPECT_FALSE(cu::matmul_n_norm(five, ys, 2, nf, s).is_ok());  // h over x
+  EXPECT_FALSE(cu::matmul_n_norm(five, ys, 2, cu::NormFold{}, s).is_ok());
+  EXPECT_EQ(count.get<unsigned>(1)[0], 0u);
 }
 
 // head_norm_rope (Gemma's q/k/v norms and RoPE, one launch for up to three tensors) gives

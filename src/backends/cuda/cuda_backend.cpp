@@ -858,6 +858,8 @@ class CudaExec final : public Exec {
   // GEIST_CUDA_NORM_FOLD=1: a one-row rmsnorm_add_norm whose out only the matmul right after
   // it reads is folded into that matmul's kernel (cuda::matmul_n_norm) where the matrices
   // fit it: one dependent launch less per norm. Off by default until it has run on a GPU.
+  // GEIST_CUDA_SKIP_OPS names the fused op rmsnorm_add_norm+matmul (skipping
+  // rmsnorm_add_norm leaves nothing to fold).
   static bool norm_fold() {
     static const bool v = [] {
       const char *e = std::getenv("GEIST_CUDA_NORM_FOLD");

@@ -186,14 +186,15 @@ struct NormFold {
   float eps = 0.0f;
   unsigned *count = nullptr;
 };
-// Whether matmul_n_norm runs these matrices (one row, K = dim) as one launch: 1 to 4
-// matrices of 32-block types (Q4_0, Q5_0, Q8_0) that the one-row matrix-vector kernels take,
-// dim a multiple of 32 and at most kRmsNormAddNormMaxDim.
+// Whether matmul_n_norm runs these matrices (one row, K = dim) as one launch: 2 to 4
+// matrices of 32-block types (Q4_0, Q5_0, Q8_0) that the one-row matrix-vector kernels take
+// (a set: q/k/v, gate/up), dim a multiple of 32 and at most kRmsNormAddNormMaxDim.
 bool matmul_n_norm_fits(const DevMatrix *ws, int n_mat, int64_t dim);
 // rmsnorm_add_norm(nf, n_vec 1) and then matmul_n of its out in Q8 mode, as one launch:
 // every block computes the norms and out's quantization itself (rmsnorm_add_norm_quantize's
 // operations in its order), so the matmul does not wait a kernel boundary for them, and the
-// block that reads x and h last writes x, h and out. The same bits as the two ops.
+// block that reads x and h last writes x, h and out. The same bits as the two ops. No
+// output may overlap x, h or out (nor they each other).
 Status matmul_n_norm(const DevMatrix *ws, float *const *ys, int n_mat, const NormFold &nf, CudaStream s);
 
 // ---- row-wise and elementwise ops -----------------------------------------------------------

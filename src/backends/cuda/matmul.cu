@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(kMvq32Warps * 32)
 // whole grid (pdl_start), so they see those writes.
 template <int kTree, int kPer>
 struct FoldRow {
-  float x[kPer], h[kPer], o[kPer];  // thread's elements i = threadIdx.x + j kTree
+  float x[kPer], h[kPer];  // the thread's elements i = threadIdx.x + j kTree (out: in o_sh)
 };
 
 template <int kTree, int kPer>
@@ -368,11 +368,9 @@ __device__ __forceinline__ void fold_norm(const NormFold &nf, const float (&gr)[
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + j * kTree;
-    r.o[j] = 0.0f;
     if (tree && i < dim) {
       float v = __fmul_rn(r.h[j], r2);
       if (nf.g_next) v = __fmul_rn(v, nr[j]);
-      r.o[j] = v;
       o_sh[i] = v;
     }
   }
@@ -406,9 +404,14 @@ __global__ void __launch_bounds__(kMvq32Warps * 32)
   __shared__ bool last_sh;
   FoldRow<kTree, kPer> r;
   fold_norm<kTree, kPer>(nf, gr, nr, r, o_sh, xs, ds, part, &r_sh);
-  // Every load of x and h has been used by now (the barrier after the norms).
+  // Every load of x and h has been used by now (the barrier after the norms); the fences
+  // order the ticket after them and the last block's stores after every ticket, as the
+  // attention's merge counters do.
   unsigned ticket = 0;
-  if (threadIdx.x == 0) ticket = atomicInc(nf.count, gridDim.x - 1);
+  if (threadIdx.x == 0) {
+    __threadfence();
+    ticket = atomicInc(nf.count, gridDim.x - 1);
+  }
   if (live) {
     float *y = set.y[m];
     const int64_t n_out = set.n_out[m];
@@ -422,16 +425,20 @@ __global__ void __launch_bounds__(kMvq32Warps * 32)
       q32_warp<T, 1>(wrow, y, n, n_out, K, xs, ds, 1);
     }
   }
-  if (threadIdx.x == 0) last_sh = ticket == gridDim.x - 1;
+  if (threadIdx.x == 0) {
+    last_sh = ticket == gridDim.x - 1;
+    if (last_sh) __threadfence();
+  }
   __syncthreads();
-  if (!last_sh || threadIdx.x >= kTree) return;
+  if (!last_sh) return;
+  for (int i = threadIdx.x; i < nf.dim; i += blockDim.x) nf.out[i] = o_sh[i];
+  if (threadIdx.x >= kTree) return;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int i = threadIdx.x + j * kTree;
     if (i < nf.dim) {
       nf.x[i] = r.x[j];
       nf.h[i] = r.h[j];
-      nf.out[i] = r.o[j];
     }
   }
 }
@@ -1214,13 +1221,16 @@ bool launch_q32_matvec_mixed(const DevMatrix *ws, float *const *ys, int n, const
 }
 
 // The set takes one launch of matvec_q32_norm_kernel (matmul_n_norm_fits); *mixed: its
-// types differ.
+// types differ. Sets of 2 to 4 (q/k/v, gate/up): one long matrix alone takes the staged
+// kernel (launch_q32_staged), which the fold would replace by a slower one.
 bool q32_norm_set(const DevMatrix *ws, int n_mat, int64_t dim, bool *mixed) {
   static const bool mixed_on = env_int("GEIST_CUDA_MIXED_SET", 1) != 0;
-  if (n_mat < 1 || n_mat > kQ32SetMax || dim <= 0 || dim % 32 != 0 || dim > kRmsNormAddNormMaxDim) return false;
+  if (n_mat < 2 || n_mat > kQ32SetMax || dim <= 0 || dim % 32 != 0 || dim > kRmsNormAddNormMaxDim) return false;
   *mixed = false;
   for (int m = 0; m < n_mat; ++m) {
-    if (!q32_matvec(ws[m], 1) || ws[m].n_in != dim) return false;
+    if (!q32_matvec(ws[m], 1) || ws[m].n_in != dim || !check_matrix(ws[m], "cuda::matmul_n_norm").is_ok()) {
+      return false;
+    }
     *mixed = *mixed || ws[m].type != ws[0].type;
   }
   return !*mixed || mixed_on;
@@ -1395,6 +1405,20 @@ Status matmul_n_norm(const DevMatrix *ws, float *const *ys, int n_mat, const Nor
   if (ys == nullptr || !matmul_n_norm_fits(ws, n_mat, nf.dim) || nf.x == nullptr || nf.h == nullptr ||
       nf.out == nullptr || nf.count == nullptr) {
     return bad_arg("cuda::matmul_n_norm: matrices it does not take, or null pointers");
+  }
+  // The blocks write y while the last one writes x, h and out: no output may overlap them.
+  auto overlap = [](const float *a, int64_t na, const float *b, int64_t nb) { return a < b + nb && b < a + na; };
+  const float *io[3] = {nf.x, nf.h, nf.out};
+  for (int i = 0; i < 3; ++i) {
+    for (int j = i + 1; j < 3; ++j) {
+      if (overlap(io[i], nf.dim, io[j], nf.dim)) return bad_arg("cuda::matmul_n_norm: x, h and out overlap");
+    }
+  }
+  for (int m = 0; m < n_mat; ++m) {
+    if (ys[m] == nullptr) return bad_arg("cuda::matmul_n_norm: a null output");
+    for (const float *p : io) {
+      if (overlap(ys[m], ws[m].n_out, p, nf.dim)) return bad_arg("cuda::matmul_n_norm: an output overlaps x, h or out");
+    }
   }
   (void)q32_norm_set(ws, n_mat, nf.dim, &mixed);
   const Q32Set set = q32_set(ws, ys, n_mat);
