@@ -714,6 +714,27 @@ CUDA_TEST(CudaOps, RmsNormAddNormIsTheOpsInTurn) {
   EXPECT_FALSE(cu::rmsnorm_add_norm(nullptr, nullptr, nullptr, 1.0f, nullptr, nullptr, 1, 64, 1e-6f, s).is_ok());
 }
 
+// Random matrices of one K (each type with its outputs) on the device, with two output
+// buffers of n_rows rows each (a reference and the result to compare) and the matmul scratch
+// they need.
+struct MatSet {
+  std::vector<std::unique_ptr<DevBuf>> w, y_ref, y_got;  // DevBuf does not move
+  std::vector<cu::DevMatrix> ms;
+  std::vector<float *> yr, yg;
+  size_t scratch_bytes = 1;
+  MatSet(int64_t k, const std::vector<std::pair<GgmlType, int64_t>> &mats, int n_rows, std::mt19937 &rng) {
+    for (auto [t, n_out] : mats) {
+      w.push_back(std::make_unique<DevBuf>(random_matrix(t, k, n_out, rng)));
+      ms.push_back(dev_matrix(*w.back(), t, k, n_out));
+      y_ref.push_back(std::make_unique<DevBuf>(size_t(n_rows) * n_out * 4));
+      y_got.push_back(std::make_unique<DevBuf>(size_t(n_rows) * n_out * 4));
+      yr.push_back(y_ref.back()->as<float>());
+      yg.push_back(y_got.back()->as<float>());
+      scratch_bytes = std::max(scratch_bytes, cu::matmul_scratch_bytes(ms.back(), n_rows));
+    }
+  }
+};
+
 // The producers that quantize what they write for the matmul after them give the bits of
 // the producer and then matmul_n (which quantizes x itself): gelu_mul_quantize and
 // rmsnorm_add_norm_quantize, then matmul_n_quantized, over the shapes the models run (the
@@ -741,19 +762,11 @@ CUDA_TEST(CudaOps, QuantizingProducersThenMatmulSameBits) {
       const int64_t k = c.k;
       const int n_mat = int(c.mats.size());
       const std::string what = "K " + std::to_string(k) + " rows " + std::to_string(n_rows);
-      std::vector<std::unique_ptr<DevBuf>> dw, y_ref, y_got;
-      std::vector<cu::DevMatrix> ms;
-      std::vector<float *> yr, yg;
-      size_t scratch_bytes = 1;
-      for (auto [t, n_out] : c.mats) {
-        dw.push_back(std::make_unique<DevBuf>(random_matrix(t, k, n_out, rng)));
-        ms.push_back(dev_matrix(*dw.back(), t, k, n_out));
-        y_ref.push_back(std::make_unique<DevBuf>(size_t(n_rows) * n_out * 4));
-        y_got.push_back(std::make_unique<DevBuf>(size_t(n_rows) * n_out * 4));
-        yr.push_back(y_ref.back()->as<float>());
-        yg.push_back(y_got.back()->as<float>());
-        scratch_bytes = std::max(scratch_bytes, cu::matmul_scratch_bytes(ms.back(), n_rows));
-      }
+      MatSet set(k, c.mats, n_rows, rng);
+      const std::vector<cu::DevMatrix> &ms = set.ms;
+      std::vector<float *> &yr = set.yr, &yg = set.yg;
+      auto &y_ref = set.y_ref, &y_got = set.y_got;
+      const size_t scratch_bytes = set.scratch_bytes;
       const int act_block = cu::matmul_n_act_block(ms.data(), yg.data(), n_mat, n_rows);
       ASSERT_EQ(act_block, ms[0].type == G::Q5_0 || ms[0].type == G::Q8_0 ? 32 : 256) << what;
       DevBuf scratch(scratch_bytes);
@@ -842,19 +855,11 @@ CUDA_TEST(CudaOps, NormFoldedIntoMatvecSameBits) {
   for (const Case &c : cases) {
     const int64_t k = c.k;
     const int n_mat = int(c.mats.size());
-    std::vector<std::unique_ptr<DevBuf>> dw, y_ref, y_got;
-    std::vector<cu::DevMatrix> ms;
-    std::vector<float *> yr, yg;
-    size_t scratch_bytes = 1;
-    for (auto [t, n_out] : c.mats) {
-      dw.push_back(std::make_unique<DevBuf>(random_matrix(t, k, n_out, rng)));
-      ms.push_back(dev_matrix(*dw.back(), t, k, n_out));
-      y_ref.push_back(std::make_unique<DevBuf>(size_t(n_out) * 4));
-      y_got.push_back(std::make_unique<DevBuf>(size_t(n_out) * 4));
-      yr.push_back(y_ref.back()->as<float>());
-      yg.push_back(y_got.back()->as<float>());
-      scratch_bytes = std::max(scratch_bytes, cu::matmul_scratch_bytes(ms.back(), 1));
-    }
+    MatSet set(k, c.mats, 1, rng);
+    const std::vector<cu::DevMatrix> &ms = set.ms;
+    std::vector<float *> &yr = set.yr, &yg = set.yg;
+    auto &y_ref = set.y_ref, &y_got = set.y_got;
+    const size_t scratch_bytes = set.scratch_bytes;
     ASSERT_TRUE(cu::matmul_n_norm_fits(ms.data(), n_mat, k)) << "K " << k;
     DevBuf scratch(scratch_bytes);
     for (int variant = 0; variant < 4; ++variant) {
