@@ -717,6 +717,10 @@ CUDA_TEST(CudaOps, RmsNormAddNormIsTheOpsInTurn) {
 // Random matrices of one K (each type with its outputs) on the device, with two output
 // buffers of n_rows rows each (a reference and the result to compare) and the matmul scratch
 // they need.
+struct SetCase {
+  int64_t k;
+  std::vector<std::pair<GgmlType, int64_t>> mats;  // type, outputs
+};
 struct MatSet {
   std::vector<std::unique_ptr<DevBuf>> w, y_ref, y_got;  // DevBuf does not move
   std::vector<cu::DevMatrix> ms;
@@ -745,11 +749,7 @@ CUDA_TEST(CudaOps, QuantizingProducersThenMatmulSameBits) {
   std::mt19937 rng(31);
   cu::CudaStream s = cuda_env().s;
   using G = GgmlType;
-  struct Case {
-    int64_t k;
-    std::vector<std::pair<G, int64_t>> mats;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<SetCase> cases = {
       {640, {{G::Q5_0, 1024}, {G::Q5_0, 256}, {G::Q8_0, 256}}},
       {2048, {{G::Q6_K, 640}}},
       {512, {{G::Q4_K, 96}, {G::Q4_K, 64}}},
@@ -757,7 +757,7 @@ CUDA_TEST(CudaOps, QuantizingProducersThenMatmulSameBits) {
       {10240, {{G::Q6_K, 256}}},
       {1024, {{G::Q8_0, 128}, {G::Q4_0, 64}}},  // Q8_0 blocks in rows of whole 256s
   };
-  for (const Case &c : cases) {
+  for (const SetCase &c : cases) {
     for (int n_rows : {1, 3, 8, 9, 64}) {
       const int64_t k = c.k;
       const int n_mat = int(c.mats.size());
@@ -831,11 +831,7 @@ CUDA_TEST(CudaOps, NormFoldedIntoMatvecSameBits) {
   std::mt19937 rng(47);
   cu::CudaStream s = cuda_env().s;
   using G = GgmlType;
-  struct Case {
-    int64_t k;
-    std::vector<std::pair<G, int64_t>> mats;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<SetCase> cases = {
       {640, {{G::Q5_0, 1024}, {G::Q5_0, 256}, {G::Q8_0, 256}}},
       {640, {{G::Q5_0, 2048}, {G::Q5_0, 2048}}},
       {640, {{G::Q5_0, 1024}, {G::Q5_0, 256}, {G::Q5_0, 256}}},
@@ -852,7 +848,7 @@ CUDA_TEST(CudaOps, NormFoldedIntoMatvecSameBits) {
       {640, {{G::Q8_0, 65536}, {G::Q5_0, 256}}},  // 8224 blocks: many waves meet one counter
   };
   DevBuf count(std::vector<unsigned>{0u});
-  for (const Case &c : cases) {
+  for (const SetCase &c : cases) {
     const int64_t k = c.k;
     const int n_mat = int(c.mats.size());
     MatSet set(k, c.mats, 1, rng);
