@@ -1402,8 +1402,8 @@ bool matmul_n_norm_fits(const DevMatrix *ws, int n_mat, int64_t dim) {
 
 Status matmul_n_norm(const DevMatrix *ws, float *const *ys, int n_mat, const NormFold &nf, CudaStream s) {
   bool mixed = false;
-  if (ys == nullptr || !matmul_n_norm_fits(ws, n_mat, nf.dim) || nf.x == nullptr || nf.h == nullptr ||
-      nf.out == nullptr || nf.count == nullptr) {
+  if (ws == nullptr || ys == nullptr || !q32_norm_set(ws, n_mat, nf.dim, &mixed) || nf.x == nullptr ||
+      nf.h == nullptr || nf.out == nullptr || nf.count == nullptr) {
     return bad_arg("cuda::matmul_n_norm: matrices it does not take, or null pointers");
   }
   // The blocks write y while the last one writes x, h and out: no output may overlap them.
@@ -1420,7 +1420,6 @@ Status matmul_n_norm(const DevMatrix *ws, float *const *ys, int n_mat, const Nor
       if (overlap(ys[m], ws[m].n_out, p, nf.dim)) return bad_arg("cuda::matmul_n_norm: an output overlaps x, h or out");
     }
   }
-  (void)q32_norm_set(ws, n_mat, nf.dim, &mixed);
   const Q32Set set = q32_set(ws, ys, n_mat);
   const dim3 g(unsigned((set.first[n_mat] + kMvq32Warps - 1) / kMvq32Warps));
   const int64_t K = nf.dim;
