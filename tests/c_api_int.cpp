@@ -381,6 +381,7 @@ TEST_F(CApi, NullSessionHandle) {
   EXPECT_FAILS(geist_session_pin_prefix(nullptr, t, 2), GEIST_E_INVALID_ARGUMENT);
   EXPECT_FAILS(geist_session_unpin(nullptr), GEIST_E_INVALID_ARGUMENT);
   EXPECT_FAILS(geist_session_reset(nullptr), GEIST_E_INVALID_ARGUMENT);
+  EXPECT_FAILS(geist_session_wait(nullptr), GEIST_E_INVALID_ARGUMENT);
   EXPECT_FAILS(geist_session_clear(nullptr), GEIST_E_INVALID_ARGUMENT);
   EXPECT_FAILS(geist_session_decode_step(nullptr, &tok), GEIST_E_INVALID_ARGUMENT);
   EXPECT_FAILS(geist_session_sample(nullptr, &tok), GEIST_E_INVALID_ARGUMENT);
@@ -781,6 +782,8 @@ TEST_F(CApi, DecodeOnEmptySessionIsStateError) {
   const std::vector<geist_token> t = seq(3, 5);
   ASSERT_EQ(geist_session_prefill_tokens(s, t.data(), t.size()), GEIST_OK);
   EXPECT_EQ(geist_session_decode_step(s, &tok), GEIST_OK) << geist_session_error(s);
+  EXPECT_EQ(geist_session_n_tokens(s), 4u);
+  EXPECT_EQ(geist_session_wait(s), GEIST_OK) << "nothing is queued on the CPU";
   EXPECT_EQ(geist_session_n_tokens(s), 4u);
   ASSERT_EQ(geist_session_clear(s), GEIST_OK);
   EXPECT_SESSION_FAILS(s, geist_session_decode_step(s, &tok), GEIST_E_STATE);

@@ -286,6 +286,15 @@ GEIST_API geist_status geist_session_clear(geist_session *s);
  * GEIST_E_CONTEXT_FULL      the context has no room for one more token */
 GEIST_API geist_status geist_session_decode_step(geist_session *s, geist_token *out);
 
+/* On a GPU a greedy session's decode step returns once its forward pass is queued: the next
+ * decode step takes the token from it on the device, so the host prepares each step while
+ * the device runs the one before, and any other call on the session waits for it first.
+ * geist_session_wait waits for it now (to time a run, or before the thread leaves the
+ * session idle); GEIST_OK at once when nothing is queued (always on the CPU). A device error
+ * found here takes the session back to its pin (or empty), as the step's own call would
+ * have. GEIST_E_INVALID_ARGUMENT if s NULL. */
+GEIST_API geist_status geist_session_wait(geist_session *s);
+
 /* geist_session_decode_step for n sessions of one model in a single forward step: the
  * weights are read once for all of them, which is how a server decodes many requests at
  * once. out[i] is session i's token. Each session samples from its own logits with its

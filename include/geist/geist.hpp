@@ -239,6 +239,7 @@ class Session {
   Error reset() { return err(geist_session_reset(s_)); }
   Error clear() { return err(geist_session_clear(s_)); }
   Error decode_step(geist_token *out) { return err(geist_session_decode_step(s_, out)); }
+  Error wait() { return err(geist_session_wait(s_)); }
   Error sample(geist_token *out) { return err(geist_session_sample(s_, out)); }
   // geist_decode_batch: one token for each session in one step; out[i] is sessions[i]'s.
   static Error decode_batch(const std::vector<Session *> &sessions, std::vector<geist_token> *out) {

@@ -511,6 +511,11 @@ geist_status geist_session_decode_step(geist_session *s, geist_token *out) {
   return guarded(s, [&] { return report(s->session->decode_step(out), s); });
 }
 
+geist_status geist_session_wait(geist_session *s) {
+  GEIST_SESSION_ENTER(s);
+  return guarded(s, [&] { return report(s->session->wait(), s); });
+}
+
 geist_status geist_decode_batch(geist_session *const *sessions, size_t n, geist_token *out) {
   if (sessions == nullptr || out == nullptr || n == 0) {
     return fail(GEIST_E_INVALID_ARGUMENT, "geist_decode_batch needs sessions, n >= 1 and out");

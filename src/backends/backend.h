@@ -100,8 +100,9 @@ class Exec {
   virtual HostFloats host_floats(size_t n) {
     return HostFloats(new float[n](), [](float *p) { delete[] p; });
   }
-  // Wait for the step's ops; outputs are on the host after it. A device error is reported
-  // here (naming the device and the error); the session is then left as before the call.
+  // Wait for the step's ops; outputs are on the host after it (unless the step is queued:
+  // queue_next_step). A device error is reported here (naming the device and the error);
+  // the session is then left as before the call.
   virtual Status end_step() = 0;
   // Deferred outputs: while on, the steps that end leave their output() rows on the device
   // (a greedy step's logits row, which the session may never read) and
@@ -111,6 +112,25 @@ class Exec {
   virtual void defer_outputs(bool /*on*/) {}
   virtual bool outputs_deferred() const { return false; }
   virtual Status fetch_outputs() { return Status::ok(); }
+  // Queued steps, for a backend whose steps run while the host goes on (CUDA). A greedy
+  // session's decode step need not wait for its own result: the next step takes its token
+  // from it on the device, so the host records step n+1 while the device runs step n.
+  // can_queue(): whether this exec queues steps (not the CPU, whose steps run on the caller).
+  virtual bool can_queue() const { return false; }
+  // The next end_step returns once the step is enqueued (errors of recording and launching
+  // are reported there, as always); its greedy tokens, its outputs and its device errors
+  // come with wait_queued(), which waits for the oldest queued step. At most two steps are
+  // queued; while one is, the only step that may begin is a fed one (feed_greedy).
+  virtual void queue_next_step() {}
+  // Waits for the oldest queued step and writes its greedy tokens to their hosts; OK when
+  // none is queued. On an error every queued step is dropped (nothing of them runs on).
+  virtual Status wait_queued() { return Status::ok(); }
+  // Waits for the device and forgets every queued step (their greedy tokens unwritten).
+  virtual void drop_queued() {}
+  // In the next step (one row), the row's token is the greedy token that the step before it
+  // (one row, greedy asked for) computed, taken on the device: the id given to begin_step
+  // for that row is not used.
+  virtual void feed_greedy() {}
 
   // out[r] = table[id_r] * scale for the step's tokens; an id >= table.n_out gives a zero
   // row (Gemma 4's per-layer embeddings have no row for some ids). out width = table.n_in.

@@ -24,6 +24,10 @@ Session::Session(const Model &m, const SessionParams &p, std::unique_ptr<KvStore
       sampler_(p.sampling),
       logits_(exec_->host_floats(static_cast<size_t>(m.info().n_vocab))) {}
 
+Session::~Session() {
+  if (exec_) exec_->drop_queued();  // no copy of a queued step may land in logits_ after this
+}
+
 Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionParams &p) {
   SessionParams q = p;
   if (q.n_ctx == 0 && m.info().n_ctx_train > (int64_t(1) << 24)) {
@@ -87,6 +91,7 @@ size_t Session::checkpoint_bytes() const {
 }
 
 void Session::clear() {
+  (void)ready();  // a queued step's error: the session is emptied anyway
   cache_->n_past = 0;
   tokens_.clear();
   has_logits_ = false;
@@ -96,7 +101,10 @@ void Session::clear() {
   pin_.reset();
 }
 
-void Session::unpin() { pin_.reset(); }
+void Session::unpin() {
+  (void)ready();  // a queued step that failed goes back to the pin being dropped
+  pin_.reset();
+}
 
 Status Session::check_append(const int32_t *tokens, size_t n) const {
   if (n == 0 || tokens == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "prefill of zero tokens");
@@ -165,6 +173,7 @@ void Session::recover(int failed_rows) {
 }
 
 Status Session::prefill(const int32_t *tokens, size_t n) {
+  GEIST_RETURN_IF_ERROR(ready());
   GEIST_RETURN_IF_ERROR(check_append(tokens, n));
   Timer t;
   GEIST_RETURN_IF_ERROR(run_chunks(tokens, n, 0, nullptr));
@@ -175,6 +184,7 @@ Status Session::prefill(const int32_t *tokens, size_t n) {
 }
 
 Status Session::prefill_with_logits(const int32_t *tokens, size_t n, size_t first, float *out) {
+  GEIST_RETURN_IF_ERROR(ready());
   GEIST_RETURN_IF_ERROR(check_append(tokens, n));
   if (first >= n || out == nullptr) {
     return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "logits requested from row %zu of %zu", first, n);
@@ -198,6 +208,7 @@ std::unique_ptr<Session::Pin> Session::make_pin() const {
 }
 
 Status Session::pin_prefix(const int32_t *tokens, size_t n) {
+  GEIST_RETURN_IF_ERROR(ready());
   if (n == 0 || tokens == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "pin of zero tokens");
   if (n > static_cast<size_t>(cache_->n_ctx())) {
     return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "a pin of %zu tokens exceeds the context of %lld", n,
@@ -222,6 +233,7 @@ Status Session::pin_prefix(const int32_t *tokens, size_t n) {
 }
 
 void Session::reset() {
+  (void)ready();  // a queued step's error: the session goes back to the pin anyway
   Timer t;
   if (!pin_) {
     clear();
@@ -245,6 +257,7 @@ void Session::reset() {
 
 Status Session::sample(int32_t *out) {
   if (out == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "out is NULL");
+  GEIST_RETURN_IF_ERROR(ready());
   if (!has_logits_) return GEIST_ERROR(GEIST_E_STATE, "no logits to sample from: prefill first");
   GEIST_RETURN_IF_ERROR(sync_for_draw());
   *out = draw(row_pool());
@@ -257,6 +270,7 @@ const float *Session::logits() const {
 }
 
 Status Session::sync_logits() const {
+  GEIST_RETURN_IF_ERROR(settle());
   if (!logits_on_device_) return Status::ok();
   logits_on_device_ = false;  // asked once
   Status st = exec_->fetch_outputs();
@@ -288,13 +302,48 @@ Status Session::forward_one(const int32_t *tokens, int rows, int first_row, floa
   return st;
 }
 
-int32_t *Session::greedy_target() {
+namespace {
+bool step_greedy_on() {
   static const bool on = [] {
     const char *e = std::getenv("GEIST_STEP_GREEDY");
     return e == nullptr || std::strcmp(e, "0") != 0;
   }();
-  return on && sampler_.params().temperature <= 0.0f ? &greedy_ : nullptr;
+  return on;
 }
+}  // namespace
+
+int32_t *Session::greedy_target() {
+  return step_greedy_on() && sampler_.params().temperature <= 0.0f ? &greedy_ : nullptr;
+}
+
+bool Session::queues_steps() const {
+  return exec_->can_queue() && step_greedy_on() && sampler_.params().temperature <= 0.0f;
+}
+
+Status Session::settle() const {
+  if (!queued_) return Status::ok();
+  queued_ = false;
+  Timer t;
+  Status st = exec_->wait_queued();
+  stats_.decode_seconds += t.seconds();  // the queued step's time, counted where it is waited for
+  if (!st.is_ok()) {
+    lost_ = true;
+    has_logits_ = false;
+    logits_on_device_ = false;
+  }
+  return st;
+}
+
+Status Session::ready() {
+  Status st = settle();
+  if (lost_) {
+    lost_ = false;
+    recover(0);  // the queued steps' rows are counted in n_past already
+  }
+  return st;
+}
+
+Status Session::wait() { return ready(); }
 
 int32_t Session::draw(ThreadPool *pool) {
   if (draws_step_greedy()) {
@@ -306,21 +355,60 @@ int32_t Session::draw(ThreadPool *pool) {
 
 Status Session::decode_step(int32_t *out) {
   if (out == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "out is NULL");
+  // After a queued step whose token is the argmax the sampler draws: this step takes it on
+  // the device (queued behind it), then waits for it.
+  const bool fed = queued_ && queues_steps() && sampler_.draws_argmax();
+  if (!fed) GEIST_RETURN_IF_ERROR(ready());
   if (!has_logits_) return GEIST_ERROR(GEIST_E_STATE, "no logits to sample from: prefill first");
   if (tokens_.size() + 1 > static_cast<size_t>(cache_->n_ctx())) {
     return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "the context of %lld tokens is full", (long long)cache_->n_ctx());
   }
   Timer t;
+  if (fed) return decode_fed(out, t);
   GEIST_RETURN_IF_ERROR(sync_for_draw());
   reserve_tokens(1);  // may throw: before the sampler draws
   const int32_t tok = draw(row_pool());  // records tok in the history
   int32_t *greedy = greedy_target();
   greedy_ = -1;
+  const bool queue = greedy != nullptr && queues_steps();
+  if (queue) exec_->queue_next_step();
   Status st = forward_one(&tok, 1, 0, logits_.get(), greedy);
   if (!st.is_ok()) {
+    exec_->drop_queued();
     recover(1);
     return st;
   }
+  queued_ = queue;
+  tokens_.push_back(tok);
+  *out = tok;
+  stats_.last_decode_seconds = t.seconds();
+  stats_.decode_seconds += stats_.last_decode_seconds;
+  stats_.n_decode_tokens += 1;
+  return Status::ok();
+}
+
+Status Session::decode_fed(int32_t *out, const Timer &t) {
+  reserve_tokens(1);  // may throw: before anything changes
+  exec_->feed_greedy();
+  exec_->queue_next_step();
+  const int32_t unused = 0;  // the row's id comes from the queued step, on the device
+  Status st = forward_one(&unused, 1, 0, logits_.get(), &greedy_);
+  if (!st.is_ok()) {
+    exec_->drop_queued();  // the step before too
+    queued_ = false;
+    recover(1);
+    return st;
+  }
+  // The step before: its greedy token is the token this step took.
+  st = exec_->wait_queued();  // greedy_ = that token (both steps wrote their greedy there)
+  if (!st.is_ok()) {        // both steps are dropped; n_past counts their rows
+    queued_ = false;
+    recover(0);
+    return st;
+  }
+  const int32_t tok = greedy_;
+  greedy_ = -1;  // this step's, when it is waited for
+  sampler_.accept(tok);
   tokens_.push_back(tok);
   *out = tok;
   stats_.last_decode_seconds = t.seconds();
@@ -341,6 +429,10 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
                            int32_t *out) {
   if (sessions == nullptr || out == nullptr || n_tokens == nullptr || n == 0) {
     return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "step_batch needs sessions, n_tokens, n >= 1 and out");
+  }
+  // Queued steps first (any session's exec may have one; this step runs on session 0's).
+  for (size_t i = 0; i < n; ++i) {
+    if (sessions[i] != nullptr) GEIST_RETURN_IF_ERROR(sessions[i]->ready());
   }
   size_t rows = 0;
   for (size_t i = 0; i < n; ++i) {

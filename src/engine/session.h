@@ -33,6 +33,8 @@
 
 namespace geist {
 
+class Timer;  // base/timer.h
+
 struct SessionParams {
   int64_t n_ctx = 0;     // 0: the model's trained context
   int n_threads = 0;     // 0: all hardware threads of this process
@@ -104,6 +106,7 @@ class Session {
   // GEIST_E_INVALID_ARGUMENT for out-of-range params, GEIST_E_OUT_OF_MEMORY if the KV
   // cache cannot be reserved.
   static Result<std::unique_ptr<Session>> create(const Model &m, const SessionParams &p);
+  ~Session();
 
   // Append tokens (any n >= 1) and compute the logits after the last one.
   // GEIST_E_INVALID_ARGUMENT (n 0, bad id), GEIST_E_CONTEXT_FULL.
@@ -122,7 +125,17 @@ class Session {
 
   // Sample from the current logits, append the token, compute the next logits.
   // GEIST_E_STATE without logits, GEIST_E_CONTEXT_FULL when no room is left.
+  // On a backend that queues steps (Exec::can_queue), a greedy session's step returns once
+  // it is queued, and the next decode_step takes its token from it on the device: the host
+  // records each step while the device runs the one before. Any other call waits for the
+  // queued step first (wait()); a device error found then is that call's error.
   Status decode_step(int32_t *out);
+  // Waits for a queued step (nothing to do on the CPU). A device error found there takes the
+  // session back to its pin (or empty), as the step's own call would have.
+  Status wait();
+  // Whether this session's greedy decode steps are queued: a greedy sampler on a backend
+  // that queues (Exec::can_queue).
+  bool queues_steps() const;
   // decode_step for n sessions of one model in a single forward step, which reads the
   // weights once for all of them; out[i] is session i's token. Each session samples from
   // its own logits with its own sampler, and its new logits are bit-identical to a
@@ -246,6 +259,22 @@ class Session {
   // (the step computes the token, so the row may never be read).
   Status forward_one(const int32_t *tokens, int rows, int first_row, float *dst, int32_t *greedy,
                      bool may_defer = true);
+  // A queued decode step (Exec::queue_next_step): its token is in tokens_, while its greedy
+  // token (greedy_) and its logits row come with settle(). Mutable: const readers settle.
+  mutable bool queued_ = false;
+  // A queued step failed while a const method waited for it: the session goes back to its
+  // pin at the next call that may change it (ready()).
+  mutable bool lost_ = false;
+  // Waits for a queued step; on a device error the session has no logits and is lost_.
+  Status settle() const;
+  // settle(), and back to the pin if a queued step failed (now or in a const call before):
+  // what every call that may change the session does first. The error of a step that
+  // failed here is returned (once).
+  Status ready();
+  // decode_step after a queued step whose greedy token is the next draw: this step takes
+  // that token on the device and is queued behind it, then the step before is waited for
+  // (its token is this step's, returned in *out). t: the call's timer.
+  Status decode_fed(int32_t *out, const Timer &t);
   // The greedy token of logits_, computed by the step that wrote them (Exec::greedy: on a
   // GPU, on the device) when the sampler was greedy; -1: not computed.
   int32_t greedy_ = -1;

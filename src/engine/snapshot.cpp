@@ -372,6 +372,7 @@ Status Session::save_state(SessionState *st) const {
 }
 
 Status Session::load_state(const SessionState &st) {
+  GEIST_RETURN_IF_ERROR(ready());  // no queued step may write the KV rows this replaces
   if (st.empty()) return GEIST_ERROR(GEIST_E_STATE, "the state is empty (nothing was saved into it)");
   Timer t;
   if (st.fingerprint_ != model_.fingerprint()) {
@@ -471,6 +472,7 @@ Status SessionState::snapshot(void *buf, size_t cap, size_t *written) const {
 }
 
 Status Session::restore(const void *buf, size_t size) {
+  GEIST_RETURN_IF_ERROR(ready());  // no queued step may write the KV rows this replaces
   if (buf == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "snapshot buffer is NULL");
   Timer t;
   const uint8_t *base = static_cast<const uint8_t *>(buf);

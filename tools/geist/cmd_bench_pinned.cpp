@@ -240,6 +240,7 @@ class Worker {
       decode.push_back(now_ms() - a);
       m.tokens.push_back(t);
     }
+    if (!e) e = x.wait();  // a request ends when its last step has run (on a GPU it may be queued)
     const double t3 = now_ms();
     if (e) return fail(e);
     m.d = {t3 - t0, t1 - t0, t2 - t1, double(proc_status_bytes("VmRSS"))};

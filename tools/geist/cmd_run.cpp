@@ -161,6 +161,7 @@ int run(const RunOptions &o) {
   }
   emit(text.flush());
   emit("\n");
+  if (api::Error e = s.wait()) return report(e);  // the last step may still be queued (its time counts)
 
   const geist_session_stats_t st = s.stats();
   const geist_backend_info b = model.backend();

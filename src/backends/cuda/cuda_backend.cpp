@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <type_traits>
 #include <mutex>
@@ -234,6 +235,12 @@ class CudaExec final : public Exec {
     // GEIST_CUDA_HOST_TIMES=1: where a step's wall time goes on the host (host_times_).
     const char *ht = std::getenv("GEIST_CUDA_HOST_TIMES");
     host_times_.on = ht && std::strcmp(ht, "1") == 0;
+    // GEIST_CUDA_QUEUE=1: greedy decode steps are queued (can_queue; off by default until it
+    // has run on a GPU). GEIST_CUDA_INJECT_WAIT_FAULT=N (tests): the N-th wait for a queued
+    // step fails as a device error found there would.
+    const char *q = std::getenv("GEIST_CUDA_QUEUE");
+    queue_ = q != nullptr && std::strcmp(q, "1") == 0 && !profile_;
+    if (const char *e = std::getenv("GEIST_CUDA_INJECT_WAIT_FAULT")) inject_wait_at_ = std::strtoll(e, nullptr, 10);
     ops_.reserve(2048);
   }
   ~CudaExec() override {
@@ -245,6 +252,7 @@ class CudaExec final : public Exec {
       cuda::stream_destroy(stream_);
     }
     for (const Graph &g : cache_) cuda::graph_destroy(g.exec);
+    for (cuda::CudaEvent e : events_) cuda::event_destroy(e);
     cuda::host_free_pinned(host_step_);
     for (auto &[slot, h] : host_rope_) cuda::host_free_pinned(h);
     for (auto &b : bufs_) cuda::device_free(b.p);
@@ -271,10 +279,18 @@ class CudaExec final : public Exec {
     GEIST_RETURN_IF_ERROR(alloc(&step_, step_bytes, "the step block"));
     step_bytes_ = step_bytes;
     if (matmul_scratch_bytes_ > 0) GEIST_RETURN_IF_ERROR(alloc(&scratch_, matmul_scratch_bytes_, "matmul scratch"));
-    // Pinned host staging for what each step uploads (tokens, pos0, the RoPE rows).
-    Result<void *> h = cuda::host_alloc_pinned(step_bytes);
+    // Pinned host staging for what each step uploads (tokens, pos0, the RoPE rows), two of
+    // each (stage_): while a queued step's uploads may still be ahead of the device, the step
+    // after it stages into the other half. Two suffice: a step begins only after the step
+    // two before it was waited for (at most one is queued then).
+    Result<void *> h = cuda::host_alloc_pinned(2 * step_bytes);
     if (!h) return on_device(h.status(), name_, "allocating pinned host memory");
     host_step_ = static_cast<uint8_t *>(*h);
+    for (cuda::CudaEvent &e : events_) {
+      Result<cuda::CudaEvent> ev = cuda::event_create();
+      if (!ev) return on_device(ev.status(), name_, "creating an event");
+      e = *ev;
+    }
     return Status::ok();
   }
 
@@ -319,6 +335,12 @@ class CudaExec final : public Exec {
   void begin_step(const int32_t *tokens, int n_rows, const StepSeq *seqs, int n_seqs) override {
     if (host_times_.on) host_times_.begin(n_rows);
     error_ = reserve_error_;  // a buffer that never got memory fails every step
+    const bool feed = feed_next_;
+    feed_next_ = false;
+    if (!queued_.empty() && (!feed || queued_.size() > 1)) {
+      fail(Status(GEIST_E_INTERNAL, "a step began while a queued step was not waited for"));
+    }
+    stage_ ^= 1;
     outputs_.clear();
     deferred_.clear();  // this step overwrites them
     greedy_out_ = GreedyOut{};
@@ -335,25 +357,37 @@ class CudaExec final : public Exec {
       row0 += seqs[i].n_rows;
     }
     fail(on_device(cuda::set_device(device_), name_, "selecting the device"));
-    std::memcpy(host_step_, tokens, size_t(n_rows) * sizeof(int32_t));
-    auto *p0 = reinterpret_cast<int64_t *>(host_step_ + step_tokens_bytes_);
+    uint8_t *const hs = host_step_ + size_t(stage_) * step_bytes_;
+    std::memcpy(hs, tokens, size_t(n_rows) * sizeof(int32_t));
+    auto *p0 = reinterpret_cast<int64_t *>(hs + step_tokens_bytes_);
     for (size_t i = 0; i < seqs_.size(); ++i) p0[i] = seqs_[i].pos0;
-    run(cuda::upload_async(step_, host_step_, step_tokens_bytes_ + seqs_.size() * sizeof(int64_t), stream_),
+    run(cuda::upload_async(step_, hs, step_tokens_bytes_ + seqs_.size() * sizeof(int64_t), stream_),
         "uploading the step");
+    if (feed) {
+      // The row's token is the last step's greedy token: copied on the device, after the
+      // upload and before the ops (stream order), so the host need not know it yet.
+      if (n_rows != 1 || last_greedy_.n != 1) {
+        fail(Status(GEIST_E_INTERNAL, "a fed step needs one row after a one-row greedy step"));
+      } else {
+        run(cuda::copy_async(step_, last_greedy_.dev, sizeof(int32_t), stream_), "feeding the greedy token");
+      }
+    }
+    if (host_times_.on) host_times_.staged();
   }
 
   Act rope_rows(int slot, const cpu::RopeTable &t) override {
     const Act cs = buffer(slot, t.rot_dim());
     const size_t n = size_t(max_rows_) * size_t(cpu::RopeTable::kMaxRotDim);  // any table fits
-    float *&h = host_rope_[slot];
-    if (h == nullptr) {
-      Result<void *> p = cuda::host_alloc_pinned(n * sizeof(float));
+    float *&h2 = host_rope_[slot];  // two halves, as the step's staging (stage_)
+    if (h2 == nullptr) {
+      Result<void *> p = cuda::host_alloc_pinned(2 * n * sizeof(float));
       if (!p) {
         fail(on_device(p.status(), name_, "allocating pinned host memory"));
         return cs;
       }
-      h = static_cast<float *>(*p);
+      h2 = static_cast<float *>(*p);
     }
+    float *const h = h2 + size_t(stage_) * n;
     for (const Seq &q : seqs_) t.fill(q.pos0, q.n, h + size_t(q.row0) * size_t(t.rot_dim()));
     run(cuda::upload_async(cs.p, h, size_t(n_rows_) * size_t(t.rot_dim()) * sizeof(float), stream_),
         "uploading RoPE rows");
@@ -395,7 +429,10 @@ class CudaExec final : public Exec {
     if (greedy_dev_bytes_ < need) {
       void *p = nullptr;
       if (Status st = alloc(&p, need, "greedy scratch"); !st.is_ok()) return fail(st);
-      Result<void *> h = cuda::host_alloc_pinned(size_t(n_rows) * sizeof(int32_t));
+      // Two halves (stage_), as the step's staging. It never grows while a step is queued:
+      // the only step that may begin then is a fed one-row step, and the session's warm-up
+      // steps asked for one greedy row before any step was queued.
+      Result<void *> h = cuda::host_alloc_pinned(2 * size_t(n_rows) * sizeof(int32_t));
       if (!h) {
         cuda::device_free(p);
         return fail(on_device(h.status(), name_, "allocating pinned host memory"));
@@ -405,6 +442,7 @@ class CudaExec final : public Exec {
       greedy_dev_ = p;
       greedy_dev_bytes_ = need;
       host_greedy_ = static_cast<int32_t *>(*h);
+      greedy_cap_ = n_rows;
     }
     void *scratch = greedy_dev_;
     auto *tok = reinterpret_cast<int32_t *>(static_cast<uint8_t *>(greedy_dev_) + parts);
@@ -415,6 +453,9 @@ class CudaExec final : public Exec {
   }
 
   Status end_step() override {
+    const bool queue = queue_next_;
+    queue_next_ = false;
+    if (host_times_.on) host_times_.recorded();
     if (error_.is_ok()) execute();
     if (host_times_.on) host_times_.launched();
     ops_.clear();
@@ -438,21 +479,63 @@ class CudaExec final : public Exec {
     outputs_.clear();
     const GreedyOut g = greedy_out_;
     greedy_out_ = GreedyOut{};
+    int32_t *const hg = host_greedy_ + size_t(stage_) * size_t(greedy_cap_);
     if (g.n > 0) {
-      run(cuda::download_async(host_greedy_, g.dev, size_t(g.n) * sizeof(int32_t), stream_),
-          "copying greedy tokens to the host");
+      run(cuda::download_async(hg, g.dev, size_t(g.n) * sizeof(int32_t), stream_), "copying greedy tokens to the host");
+    }
+    last_greedy_ = error_.is_ok() ? g : GreedyOut{};
+    if (queue && error_.is_ok()) {
+      cuda::CudaEvent ev = events_[size_t(stage_)];
+      run(cuda::event_record(ev, stream_), "queuing the step");
+      if (error_.is_ok()) {
+        queued_.push_back({ev, hg, greedy_hosts_, n_rows_});
+        if (host_times_.on) host_times_.queued();
+        return Status::ok();
+      }
     }
     if (host_times_.on) host_times_.syncing();
     if (error_.is_ok()) error_ = on_device(cuda::stream_sync(stream_), name_, "running the forward pass");
     if (host_times_.on) host_times_.end();
     if (!error_.is_ok()) {
-      (void)cuda::stream_sync(stream_);  // nothing of this step may still run
+      drop_queued();  // nothing of this step, or of a queued one, may still run
+      last_greedy_ = GreedyOut{};
       return error_;
     }
     for (int r = 0; r < g.n && r < int(greedy_hosts_.size()); ++r) {
-      if (greedy_hosts_[size_t(r)] != nullptr) *greedy_hosts_[size_t(r)] = host_greedy_[r];
+      if (greedy_hosts_[size_t(r)] != nullptr) *greedy_hosts_[size_t(r)] = hg[r];
     }
     return Status::ok();
+  }
+
+  // Queued steps (Exec): GEIST_CUDA_QUEUE=1, and not while profiling (which times each op).
+  bool can_queue() const override { return queue_; }
+  void queue_next_step() override { queue_next_ = queue_; }
+  void feed_greedy() override { feed_next_ = true; }
+  Status wait_queued() override {
+    if (queued_.empty()) return Status::ok();
+    const Queued q = queued_.front();
+    queued_.pop_front();
+    const double t0 = host_times_.on ? now_seconds() : 0;
+    Status st = on_device(cuda::set_device(device_), name_, "selecting the device");
+    if (st.is_ok()) st = on_device(cuda::event_sync(q.event), name_, "running the forward pass");
+    if (st.is_ok() && inject_wait_at_ > 0 && ++waits_ == inject_wait_at_) {
+      st = on_device(Status(GEIST_E_INTERNAL, "injected fault (GEIST_CUDA_INJECT_WAIT_FAULT)"), name_,
+                     "running the forward pass");
+    }
+    if (host_times_.on) host_times_.waited(now_seconds() - t0, q.n_rows);
+    if (!st.is_ok()) {
+      drop_queued();
+      return st;
+    }
+    for (size_t r = 0; r < q.hosts.size(); ++r) {
+      if (q.hosts[r] != nullptr) *q.hosts[r] = q.greedy[r];
+    }
+    return Status::ok();
+  }
+  void drop_queued() override {
+    if (!queued_.empty()) (void)cuda::stream_sync(stream_);
+    queued_.clear();
+    last_greedy_ = GreedyOut{};
   }
 
   // A greedy step's logits row (1 MiB at a 262144-token vocabulary, ~27 us over the link on
@@ -1043,6 +1126,7 @@ class CudaExec final : public Exec {
     auto it = std::find_if(cache_.begin(), cache_.end(), [&](const Graph &g) { return g.key == k; });
     if (it != cache_.end()) {
       it->last_use = ++clock_;
+      if (host_times_.on) host_times_.found();
       run(cuda::graph_launch(it->exec, stream_), "launching the step's graph");
       return;
     }
@@ -1081,22 +1165,48 @@ class CudaExec final : public Exec {
   // the sync (the downloads queued), waiting in the sync, and from the last step's end to
   // this begin_step (the caller: sampling, the session, the bench loop); means over the
   // one-row steps and the others, printed to stderr when the exec ends. Tells how much of a
-  // decode step the device waits on the host.
+  // decode step the device waits on the host. The recording is split in begin_step (its
+  // upload), the forward's recording (the ops, RoPE rows), finding the graph (the key
+  // lookup) and graph_launch itself (replayed steps only: the step's "launch" share).
   struct HostTimes {
     bool on = false;
     struct Sum {
-      long long n = 0;
+      long long n = 0, replays = 0;
       double record = 0, queue = 0, wait = 0, gap = 0;
+      double stage = 0, forward = 0, find = 0, launch = 0;  // parts of record
     } one, many;
-    double t_begin = 0, t_launched = 0, t_sync = 0, t_end = 0;
+    double t_begin = 0, t_staged = 0, t_recorded = 0, t_found = 0, t_launched = 0, t_sync = 0, t_end = 0;
     Sum *cur = nullptr;
     void begin(int n_rows) {
       t_begin = now_seconds();
+      t_found = 0;
       cur = n_rows == 1 ? &one : &many;
       if (t_end > 0) cur->gap += t_begin - t_end;
     }
-    void launched() { t_launched = now_seconds(); }
+    void staged() { t_staged = now_seconds(); }
+    void recorded() { t_recorded = now_seconds(); }
+    void found() { t_found = now_seconds(); }
+    void launched() {
+      t_launched = now_seconds();
+      if (cur == nullptr) return;
+      cur->stage += t_staged - t_begin;
+      cur->forward += t_recorded - t_staged;
+      if (t_found > 0) {
+        cur->replays += 1;
+        cur->find += t_found - t_recorded;
+        cur->launch += t_launched - t_found;
+      }
+    }
     void syncing() { t_sync = now_seconds(); }
+    // A queued step ends at its launch; its wait (waited) comes later, between later steps.
+    void queued() {
+      syncing();
+      end();
+    }
+    void waited(double dt, int n_rows) {
+      (n_rows == 1 ? one : many).wait += dt;
+      t_end += dt;  // not the caller's time
+    }
     void end() {
       t_end = now_seconds();
       if (cur == nullptr) return;
@@ -1114,6 +1224,12 @@ class CudaExec final : public Exec {
                      "GEIST_CUDA_HOST_TIMES %s: %lld %s, us per step: recording + launch %.1f, queueing the "
                      "downloads %.1f, waiting for the device %.1f; before the step (the caller) %.1f\n",
                      dev.c_str(), x.n, what, x.record * k, x.queue * k, x.wait * k, x.gap * k);
+        const double kr = x.replays > 0 ? 1e6 / double(x.replays) : 0;
+        std::fprintf(stderr,
+                     "GEIST_CUDA_HOST_TIMES %s: %s, recording + launch in parts, us per step: begin_step %.1f, "
+                     "the forward's recording %.1f; of the %lld replayed steps: finding the graph %.1f, "
+                     "graph_launch %.1f\n",
+                     dev.c_str(), what, x.stage * k, x.forward * k, x.replays, x.find * kr, x.launch * kr);
       }
     }
   } host_times_;
@@ -1140,8 +1256,10 @@ class CudaExec final : public Exec {
   };
   void *greedy_dev_ = nullptr;
   size_t greedy_dev_bytes_ = 0;
-  int32_t *host_greedy_ = nullptr;  // pinned
+  int32_t *host_greedy_ = nullptr;  // pinned, two halves of greedy_cap_ (stage_)
+  int greedy_cap_ = 0;
   GreedyOut greedy_out_;
+  GreedyOut last_greedy_;  // the last step's, while it is there to feed the next (feed_greedy)
   std::vector<int32_t *> greedy_hosts_;
   std::vector<void *> retired_host_;  // pinned buffers replaced during a step
   void *attn_counters_ = nullptr;
@@ -1161,6 +1279,19 @@ class CudaExec final : public Exec {
   Status error_;
   Status reserve_error_;
   long long inject_at_ = 0, ops_run_ = 0;
+  long long inject_wait_at_ = 0, waits_ = 0;
+  // Queued steps (queue_next_step), oldest first: the event after the step, its greedy
+  // tokens' staging half and their hosts.
+  struct Queued {
+    cuda::CudaEvent event;
+    const int32_t *greedy;
+    std::vector<int32_t *> hosts;
+    int n_rows;
+  };
+  std::deque<Queued> queued_;
+  std::array<cuda::CudaEvent, 2> events_{};  // one per staging half
+  int stage_ = 0;                            // the half of the host staging this step uses
+  bool queue_ = false, queue_next_ = false, feed_next_ = false;
   bool profile_ = false;
   bool graphs_ = true;
   std::vector<Op> ops_;  // this step's, in order

@@ -147,6 +147,18 @@ void stream_destroy(CudaStream s) {
 }
 Status stream_sync(CudaStream s) { return cuda_status(cudaStreamSynchronize(s), "cudaStreamSynchronize"); }
 
+Result<CudaEvent> event_create() {
+  cudaEvent_t e = nullptr;
+  const cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  if (r != cudaSuccess) return cuda_status(r, "cudaEventCreate");
+  return e;
+}
+void event_destroy(CudaEvent e) {
+  if (e) (void)cudaEventDestroy(e);
+}
+Status event_record(CudaEvent e, CudaStream s) { return cuda_status(cudaEventRecord(e, s), "cudaEventRecord"); }
+Status event_sync(CudaEvent e) { return cuda_status(cudaEventSynchronize(e), "cudaEventSynchronize"); }
+
 bool reference_kernels() {
   static const bool v = [] {
     const char *e = std::getenv("GEIST_CUDA_REFERENCE");

@@ -27,6 +27,7 @@
 #include "quant/ggml_type.h"
 
 struct CUstream_st;     // CUDA's opaque stream (cudaStream_t is CUstream_st *)
+struct CUevent_st;      // CUDA's opaque event (cudaEvent_t)
 struct CUgraphExec_st;  // an instantiated CUDA graph (cudaGraphExec_t)
 
 namespace geist::cuda {
@@ -99,6 +100,15 @@ void stream_destroy(CudaStream s);
 Status stream_sync(CudaStream s);
 // The pending launch error, if any (cudaGetLastError), named after `what`.
 Status last_error(const char *what);
+// Events (without timing): a point in a stream that the host can wait for alone, while
+// later work of the stream runs on.
+using CudaEvent = CUevent_st *;
+Result<CudaEvent> event_create();
+void event_destroy(CudaEvent e);
+Status event_record(CudaEvent e, CudaStream s);
+// Waits until the stream has passed the point last recorded; reports any error a kernel
+// raised before it.
+Status event_sync(CudaEvent e);
 
 // ---- graphs -----------------------------------------------------------------------------------
 // Work enqueued on a stream between graph_capture_begin and graph_capture_end is recorded,
