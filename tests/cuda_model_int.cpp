@@ -475,12 +475,31 @@ TEST(CudaModel, ADeviceErrorMidForwardRecoversToThePin) {
   }
 }
 
+// Sets an environment variable for a scope; the old value (or none) comes back after it.
+class EnvGuard {
+ public:
+  EnvGuard(const char *name, const char *value) : name_(name) {
+    if (const char *old = std::getenv(name)) old_ = old, had_ = true;
+    setenv(name, value, 1);
+  }
+  ~EnvGuard() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char *name_;
+  std::string old_;
+  bool had_ = false;
+};
+
 // A session made with GEIST_CUDA_QUEUE set to `queue` (read when its exec is made).
 std::unique_ptr<Session> queue_session(const Model &m, int chunk, const char *queue) {
-  setenv("GEIST_CUDA_QUEUE", queue, 1);
-  std::unique_ptr<Session> s = session(m, chunk);
-  unsetenv("GEIST_CUDA_QUEUE");
-  return s;
+  EnvGuard g("GEIST_CUDA_QUEUE", queue);
+  return session(m, chunk);
 }
 
 // What a session's greedy decode gives through every kind of call that can come between
@@ -564,49 +583,62 @@ TEST(CudaModel, QueuedDecodeEqualsWaitedDecode) {
 }
 
 // A device error found while waiting for a queued step (injected:
-// GEIST_CUDA_INJECT_WAIT_FAULT=N fails the N-th wait of a new session's exec): the call that
-// waited returns the error naming the device, the session is back at its pin, and decoding
-// from there equals a session that never failed. Found by a const call (logits), the error is
-// that call's; the next call starts from the pin.
+// GEIST_CUDA_INJECT_WAIT_FAULT=N fails the N-th wait of a new session's exec), or raised
+// while a fed step is recorded (GEIST_CUDA_INJECT_FAULT=N: its N-th op): the call returns the
+// error naming the device, the session is back at its pin, and decoding from there equals a
+// session that never failed. The pin is 24 tokens of a model with an 8-token window in a
+// 16-row session (rings of 23 slots): a fault after 30 steps comes after the pinned window
+// rows were overwritten, so going back restores them. Found by a const call (logits), the
+// error is that call's and the session is at its pin at once.
 TEST(CudaModel, AQueuedStepsDeviceErrorRecoversToThePin) {
   const std::string path = test::data_path("gemma4/tiny_gemma4_a_q8_0.gguf");
   LOAD_CUDA_OR_SKIP(gpu, path);
   const std::vector<int32_t> ids = random_ids(*gpu, 24, 9);
   std::unique_ptr<Session> clean = queue_session(*gpu, 16, "0");
   ASSERT_TRUE(clean && clean->pin_prefix(ids.data(), ids.size()).is_ok());
-  std::vector<int32_t> ref(16);
+  std::vector<int32_t> ref(60);
   for (int32_t &t : ref) ASSERT_TRUE(clean->decode_step(&t).is_ok());
-  for (const char *at : {"1", "2", "7"}) {
-    setenv("GEIST_CUDA_INJECT_WAIT_FAULT", at, 1);
-    std::unique_ptr<Session> s = queue_session(*gpu, 16, "1");
-    unsetenv("GEIST_CUDA_INJECT_WAIT_FAULT");
+  const std::pair<const char *, const char *> faults[] = {
+      {"GEIST_CUDA_INJECT_WAIT_FAULT", "1"}, {"GEIST_CUDA_INJECT_WAIT_FAULT", "2"},
+      {"GEIST_CUDA_INJECT_WAIT_FAULT", "7"}, {"GEIST_CUDA_INJECT_WAIT_FAULT", "30"},
+      {"GEIST_CUDA_INJECT_FAULT", "1200"},   {"GEIST_CUDA_INJECT_FAULT", "2500"}};
+  for (const auto &[knob, at] : faults) {
+    std::unique_ptr<Session> s;
+    {
+      EnvGuard g(knob, at);
+      s = queue_session(*gpu, 16, "1");
+    }
     ASSERT_TRUE(s && s->queues_steps());
-    ASSERT_TRUE(s->pin_prefix(ids.data(), ids.size()).is_ok());
+    if (!s->pin_prefix(ids.data(), ids.size()).is_ok()) {  // the op fault came in the pin
+      ASSERT_TRUE(s->pin_prefix(ids.data(), ids.size()).is_ok());
+    }
     Status st;
     size_t good = 0;
-    for (int i = 0; i < 16 && st.is_ok(); ++i) {
+    for (size_t i = 0; i < ref.size() && st.is_ok(); ++i) {
       int32_t t = -1;
       st = s->decode_step(&t);
       if (st.is_ok()) {
-        EXPECT_EQ(t, ref[good]) << "step " << i << ", fault at wait " << at;
+        EXPECT_EQ(t, ref[good]) << "step " << i << ", " << knob << "=" << at;
         ++good;
       }
     }
-    ASSERT_FALSE(st.is_ok()) << "fault at wait " << at << " never fired";
+    ASSERT_FALSE(st.is_ok()) << knob << "=" << at << " never fired";
     EXPECT_EQ(s->n_tokens(), ids.size()) << "back at the pin";
     EXPECT_NE(st.message().find("CUDA 0"), std::string::npos) << st.message();
     EXPECT_NE(st.message().find("injected fault"), std::string::npos) << st.message();
-    std::printf("fault at wait %s after %zu tokens: %s\n", at, good, st.message().c_str());
+    std::printf("%s=%s after %zu tokens: %s\n", knob, at, good, st.message().c_str());
     for (size_t i = 0; i < ref.size(); ++i) {
       int32_t t = -1;
       ASSERT_TRUE(s->decode_step(&t).is_ok());
-      EXPECT_EQ(t, ref[i]) << "after the fault at wait " << at;
+      EXPECT_EQ(t, ref[i]) << "after " << knob << "=" << at;
     }
   }
-  // Found by logits(): null, and the next decode starts from the pin.
-  setenv("GEIST_CUDA_INJECT_WAIT_FAULT", "2", 1);
-  std::unique_ptr<Session> s = queue_session(*gpu, 16, "1");
-  unsetenv("GEIST_CUDA_INJECT_WAIT_FAULT");
+  // Found by logits(): null, and the session is at its pin at once.
+  std::unique_ptr<Session> s;
+  {
+    EnvGuard g("GEIST_CUDA_INJECT_WAIT_FAULT", "2");
+    s = queue_session(*gpu, 16, "1");
+  }
   ASSERT_TRUE(s && s->pin_prefix(ids.data(), ids.size()).is_ok());
   for (int i = 0; i < 2; ++i) {
     int32_t t = -1;
@@ -614,6 +646,7 @@ TEST(CudaModel, AQueuedStepsDeviceErrorRecoversToThePin) {
     EXPECT_EQ(t, ref[size_t(i)]);
   }
   EXPECT_EQ(s->logits(), nullptr) << "wait 2 fails inside logits()";
+  EXPECT_EQ(s->n_tokens(), ids.size()) << "back at the pin";
   int32_t t = -1;
   ASSERT_TRUE(s->decode_step(&t).is_ok());
   EXPECT_EQ(t, ref[0]) << "decoding goes on from the pin";

@@ -9,6 +9,11 @@
  *   (geist_session_error()); every failed call records it in a thread-local slot
  *   (geist_last_error()). Messages are English, one line, and name the problem.
  * - A failed call changes nothing: the model or session is exactly as before the call.
+ *   The one exception is a device error (a GPU's fault, named with the device): it takes
+ *   the session back to its pin (or empty). On a GPU it may be found by the call after the
+ *   one that queued the failed work (geist_session_wait says when); that call returns it,
+ *   and geist_session_reset / clear / unpin, which return no device error, still end at the
+ *   pin (or empty).
  * - Ownership: objects returned through `**out` belong to the caller and are released
  *   with their *_free function (NULL is accepted and ignored). Pointers returned by
  *   getters stay valid until the next call that changes that object, or its free.
@@ -286,9 +291,10 @@ GEIST_API geist_status geist_session_clear(geist_session *s);
  * GEIST_E_CONTEXT_FULL      the context has no room for one more token */
 GEIST_API geist_status geist_session_decode_step(geist_session *s, geist_token *out);
 
-/* On a GPU a greedy session's decode step returns once its forward pass is queued: the next
- * decode step takes the token from it on the device, so the host prepares each step while
- * the device runs the one before, and any other call on the session waits for it first.
+/* On a GPU a greedy session's decode step may return once its forward pass is queued: the
+ * next decode step takes the token from it on the device, so the host prepares each step
+ * while the device runs the one before, and any call that reads or changes the session's
+ * state (logits, snapshot, prefill, reset, ...) waits for it first; so does freeing it.
  * geist_session_wait waits for it now (to time a run, or before the thread leaves the
  * session idle); GEIST_OK at once when nothing is queued (always on the CPU). A device error
  * found here takes the session back to its pin (or empty), as the step's own call would
@@ -439,7 +445,10 @@ struct geist_session_stats {
   uint64_t n_prefill_tokens;  /* tokens run by prefill_tokens/prefill_logits (pins excluded) */
   double prefill_seconds;
   uint64_t n_decode_tokens;   /* decode_step calls that succeeded */
-  double decode_seconds;      /* sampling + forward */
+  double decode_seconds;      /* sampling + forward: time inside decode calls, and in waits for a
+                                 queued step (geist_session_wait); work the device does while
+                                 the caller is elsewhere is not in it (time the caller's loop
+                                 for throughput) */
   uint64_t n_pins;
   uint64_t n_pinned_tokens;   /* tokens prefilled by pin_prefix, summed */
   double pin_seconds;         /* prefill + checkpoint copy */

@@ -233,7 +233,7 @@ Status Session::pin_prefix(const int32_t *tokens, size_t n) {
 }
 
 void Session::reset() {
-  (void)ready();  // a queued step's error: the session goes back to the pin anyway
+  if (!ready().is_ok()) return;  // a queued step's error: settle took the session to its pin
   Timer t;
   if (!pin_) {
     clear();
@@ -327,20 +327,17 @@ Status Session::settle() const {
   Status st = exec_->wait_queued();
   stats_.decode_seconds += t.seconds();  // the queued step's time, counted where it is waited for
   if (!st.is_ok()) {
-    lost_ = true;
-    has_logits_ = false;
-    logits_on_device_ = false;
+    // The step's logits and rows are gone: back to the pin now, also from a const reader
+    // (never a const object: sessions are made by create()).
+    const_cast<Session *>(this)->recover(0);  // its rows are counted in n_past already
   }
   return st;
 }
 
-Status Session::ready() {
-  Status st = settle();
-  if (lost_) {
-    lost_ = false;
-    recover(0);  // the queued steps' rows are counted in n_past already
-  }
-  return st;
+void Session::abandon_queued() {
+  exec_->drop_queued();
+  queued_ = false;
+  recover(1);
 }
 
 Status Session::wait() { return ready(); }
@@ -364,15 +361,32 @@ Status Session::decode_step(int32_t *out) {
     return GEIST_ERROR(GEIST_E_CONTEXT_FULL, "the context of %lld tokens is full", (long long)cache_->n_ctx());
   }
   Timer t;
-  if (fed) return decode_fed(out, t);
+  if (fed) {
+    try {
+      return decode_fed(out, t);
+    } catch (...) {
+      abandon_queued();
+      throw;
+    }
+  }
   GEIST_RETURN_IF_ERROR(sync_for_draw());
   reserve_tokens(1);  // may throw: before the sampler draws
   const int32_t tok = draw(row_pool());  // records tok in the history
   int32_t *greedy = greedy_target();
   greedy_ = -1;
   const bool queue = greedy != nullptr && queues_steps();
-  if (queue) exec_->queue_next_step();
-  Status st = forward_one(&tok, 1, 0, logits_.get(), greedy);
+  Status st;
+  if (queue) {
+    exec_->queue_next_step();
+    try {
+      st = forward_one(&tok, 1, 0, logits_.get(), greedy);
+    } catch (...) {
+      abandon_queued();
+      throw;
+    }
+  } else {
+    st = forward_one(&tok, 1, 0, logits_.get(), greedy);
+  }
   if (!st.is_ok()) {
     exec_->drop_queued();
     recover(1);
@@ -394,9 +408,7 @@ Status Session::decode_fed(int32_t *out, const Timer &t) {
   const int32_t unused = 0;  // the row's id comes from the queued step, on the device
   Status st = forward_one(&unused, 1, 0, logits_.get(), &greedy_);
   if (!st.is_ok()) {
-    exec_->drop_queued();  // the step before too
-    queued_ = false;
-    recover(1);
+    abandon_queued();  // the step before too
     return st;
   }
   // The step before: its greedy token is the token this step took.

@@ -262,15 +262,16 @@ class Session {
   // A queued decode step (Exec::queue_next_step): its token is in tokens_, while its greedy
   // token (greedy_) and its logits row come with settle(). Mutable: const readers settle.
   mutable bool queued_ = false;
-  // A queued step failed while a const method waited for it: the session goes back to its
-  // pin at the next call that may change it (ready()).
-  mutable bool lost_ = false;
-  // Waits for a queued step; on a device error the session has no logits and is lost_.
+  // Waits for a queued step. On a device error the session goes back to its pin (or empty),
+  // even from a const method (logits, snapshot, save_state: the state they would read is
+  // gone), and the error is returned.
   Status settle() const;
-  // settle(), and back to the pin if a queued step failed (now or in a const call before):
-  // what every call that may change the session does first. The error of a step that
-  // failed here is returned (once).
-  Status ready();
+  // settle(): what every call that may change the session does first.
+  Status ready() { return settle(); }
+  // A decode step that threw (bad_alloc while recording) after asking for a queued or fed
+  // step: nothing of it or of a queued step may stay half done, so both are dropped and the
+  // session goes back to its pin, as after a device error.
+  void abandon_queued();
   // decode_step after a queued step whose greedy token is the next draw: this step takes
   // that token on the device and is queued behind it, then the step before is waited for
   // (its token is this step's, returned in *out). t: the call's timer.

@@ -513,7 +513,7 @@ class CudaExec final : public Exec {
   void feed_greedy() override { feed_next_ = true; }
   Status wait_queued() override {
     if (queued_.empty()) return Status::ok();
-    const Queued q = queued_.front();
+    const Queued q = std::move(queued_.front());
     queued_.pop_front();
     const double t0 = host_times_.on ? now_seconds() : 0;
     Status st = on_device(cuda::set_device(device_), name_, "selecting the device");
@@ -533,9 +533,10 @@ class CudaExec final : public Exec {
     return Status::ok();
   }
   void drop_queued() override {
-    if (!queued_.empty()) (void)cuda::stream_sync(stream_);
+    (void)cuda::stream_sync(stream_);  // also a failed step's own ops and downloads
     queued_.clear();
     last_greedy_ = GreedyOut{};
+    queue_next_ = feed_next_ = false;
   }
 
   // A greedy step's logits row (1 MiB at a 262144-token vocabulary, ~27 us over the link on
