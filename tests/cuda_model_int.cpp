@@ -558,8 +558,8 @@ DecodeTrace trace_decode(Session &s, const std::vector<int32_t> &ids) {
   return t;
 }
 
-// Queued greedy decode (GEIST_CUDA_QUEUE=1): each decode step returns once it is queued and
-// the next takes its token on the device. Tokens, the logits read between steps and a
+// Queued greedy decode (the default; GEIST_CUDA_QUEUE=0 waits): each decode step returns
+// once it is queued and the next takes its token on the device. Tokens, the logits read between steps and a
 // snapshot are bit-identical to waited steps, through reads, snapshots, a batch step, a
 // prefill, a sampler change and a reset between queued steps.
 TEST(CudaModel, QueuedDecodeEqualsWaitedDecode) {
@@ -570,7 +570,7 @@ TEST(CudaModel, QueuedDecodeEqualsWaitedDecode) {
     std::unique_ptr<Session> queued = queue_session(*gpu, 16, "1");
     ASSERT_TRUE(waited && queued);
     EXPECT_FALSE(waited->queues_steps());
-    ASSERT_TRUE(queued->queues_steps()) << "GEIST_CUDA_QUEUE=1 did not queue";
+    ASSERT_TRUE(queued->queues_steps()) << "GEIST_CUDA_QUEUE unset did not queue";
     const DecodeTrace a = trace_decode(*waited, ids), b = trace_decode(*queued, ids);
     EXPECT_EQ(a.tokens, b.tokens) << base(path);
     ASSERT_EQ(a.logits.size(), b.logits.size());
