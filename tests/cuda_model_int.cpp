@@ -39,6 +39,7 @@
 #include "backends/cpu/ops.h"
 #include "backends/cuda/kernels.h"
 #include "decode_batch_check.h"
+#include "queued_decode_check.h"
 #include "engine/model.h"
 #include "engine/session.h"
 #include "test_util.h"
@@ -475,110 +476,15 @@ TEST(CudaModel, ADeviceErrorMidForwardRecoversToThePin) {
   }
 }
 
-// Sets an environment variable for a scope; the old value (or none) comes back after it.
-class EnvGuard {
- public:
-  EnvGuard(const char *name, const char *value) : name_(name) {
-    if (const char *old = std::getenv(name)) old_ = old, had_ = true;
-    setenv(name, value, 1);
-  }
-  ~EnvGuard() {
-    if (had_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char *name_;
-  std::string old_;
-  bool had_ = false;
-};
-
-// A session made with GEIST_CUDA_QUEUE set to `queue` (read when its exec is made).
-std::unique_ptr<Session> queue_session(const Model &m, int chunk, const char *queue) {
-  EnvGuard g("GEIST_CUDA_QUEUE", queue);
-  return session(m, chunk);
-}
-
-// What a session's greedy decode gives through every kind of call that can come between
-// queued steps: tokens, logits rows read in between, a snapshot image.
-struct DecodeTrace {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<float>> logits;
-  std::vector<uint8_t> image;
-};
-
-DecodeTrace trace_decode(Session &s, const std::vector<int32_t> &ids) {
-  DecodeTrace t;
-  const size_t nv = size_t(s.n_vocab());
-  auto decode = [&](int n) {
-    for (int i = 0; i < n; ++i) {
-      int32_t tok = -1;
-      const Status st = s.decode_step(&tok);
-      EXPECT_TRUE(st.is_ok()) << st.to_string();
-      t.tokens.push_back(tok);
-    }
-  };
-  auto read_logits = [&] {
-    const float *l = s.logits();
-    EXPECT_NE(l, nullptr);
-    t.logits.emplace_back(l, l + (l ? nv : 0));
-  };
-  EXPECT_TRUE(s.pin_prefix(ids.data(), 24).is_ok());
-  decode(12);
-  read_logits();  // waits for the queued step; decoding goes on queued after it
-  decode(12);
-  size_t written = 0;
-  t.image.resize(s.snapshot_size());
-  EXPECT_TRUE(s.snapshot(t.image.data(), t.image.size(), &written).is_ok());
-  decode(4);
-  Session *one[] = {&s};
-  int32_t tok = -1;
-  EXPECT_TRUE(Session::decode_batch(one, 1, &tok).is_ok());  // a step of the batch path
-  t.tokens.push_back(tok);
-  decode(3);
-  EXPECT_TRUE(s.prefill(ids.data() + 24, 3).is_ok());
-  decode(5);
-  SamplerParams hot;  // a sampler that reads the logits: steps are waited for
-  hot.temperature = 0.8f;
-  hot.seed = 7;
-  EXPECT_TRUE(s.set_sampling(hot).is_ok());
-  decode(3);
-  SamplerParams greedy;
-  greedy.temperature = 0;
-  EXPECT_TRUE(s.set_sampling(greedy).is_ok());
-  decode(6);
-  read_logits();
-  s.reset();
-  decode(10);  // from the pin again
-  EXPECT_TRUE(s.wait().is_ok());
-  read_logits();
-  return t;
-}
-
 // Queued greedy decode (the default; GEIST_CUDA_QUEUE=0 waits): each decode step returns
-// once it is queued and the next takes its token on the device. Tokens, the logits read between steps and a
-// snapshot are bit-identical to waited steps, through reads, snapshots, a batch step, a
-// prefill, a sampler change and a reset between queued steps.
+// once it is queued and the next takes its token on the device. Tokens, the logits read
+// between steps and a snapshot are bit-identical to waited steps, through reads, snapshots,
+// a batch step, a prefill, a sampler change and a reset between queued steps
+// (queued_decode_check.h).
 TEST(CudaModel, QueuedDecodeEqualsWaitedDecode) {
   for (const std::string &path : model_paths()) {
     LOAD_CUDA_OR_SKIP(gpu, path);
-    const std::vector<int32_t> ids = random_ids(*gpu, 27, 5);
-    std::unique_ptr<Session> waited = queue_session(*gpu, 16, "0");
-    std::unique_ptr<Session> queued = queue_session(*gpu, 16, "1");
-    ASSERT_TRUE(waited && queued);
-    EXPECT_FALSE(waited->queues_steps());
-    ASSERT_TRUE(queued->queues_steps()) << "GEIST_CUDA_QUEUE unset did not queue";
-    const DecodeTrace a = trace_decode(*waited, ids), b = trace_decode(*queued, ids);
-    EXPECT_EQ(a.tokens, b.tokens) << base(path);
-    ASSERT_EQ(a.logits.size(), b.logits.size());
-    for (size_t i = 0; i < a.logits.size(); ++i) EXPECT_TRUE(same_bits(a.logits[i], b.logits[i])) << base(path) << " read " << i;
-    EXPECT_TRUE(a.image == b.image) << base(path) << " snapshot";
-    // The decode after reset repeats the first tokens after the pin.
-    ASSERT_GE(a.tokens.size(), 10u);
-    EXPECT_TRUE(std::equal(a.tokens.end() - 10, a.tokens.end(), a.tokens.begin())) << base(path);
+    test::expect_queued_equals_waited(*gpu, base(path), random_ids(*gpu, 27, 5), "GEIST_CUDA_QUEUE", "1", "0");
   }
 }
 
@@ -586,72 +492,21 @@ TEST(CudaModel, QueuedDecodeEqualsWaitedDecode) {
 // GEIST_CUDA_INJECT_WAIT_FAULT=N fails the N-th wait of a new session's exec), or raised
 // while a fed step is recorded (GEIST_CUDA_INJECT_FAULT=N: its N-th op): the call returns the
 // error naming the device, the session is back at its pin, and decoding from there equals a
-// session that never failed. The pin is 24 tokens of a model with an 8-token window in a
-// 16-row session (rings of 23 slots): a fault after 30 steps comes after the pinned window
-// rows were overwritten, so going back restores them. Found by a const call (logits), the
-// error is that call's and the session is at its pin at once.
+// session that never failed; found by logits(), the session is at its pin at once
+// (queued_decode_check.h).
 TEST(CudaModel, AQueuedStepsDeviceErrorRecoversToThePin) {
   const std::string path = test::data_path("gemma4/tiny_gemma4_a_q8_0.gguf");
   LOAD_CUDA_OR_SKIP(gpu, path);
-  const std::vector<int32_t> ids = random_ids(*gpu, 24, 9);
-  std::unique_ptr<Session> clean = queue_session(*gpu, 16, "0");
-  ASSERT_TRUE(clean && clean->pin_prefix(ids.data(), ids.size()).is_ok());
-  std::vector<int32_t> ref(60);
-  for (int32_t &t : ref) ASSERT_TRUE(clean->decode_step(&t).is_ok());
-  const std::pair<const char *, const char *> faults[] = {
-      {"GEIST_CUDA_INJECT_WAIT_FAULT", "1"}, {"GEIST_CUDA_INJECT_WAIT_FAULT", "2"},
-      {"GEIST_CUDA_INJECT_WAIT_FAULT", "7"}, {"GEIST_CUDA_INJECT_WAIT_FAULT", "30"},
-      {"GEIST_CUDA_INJECT_FAULT", "1200"},   {"GEIST_CUDA_INJECT_FAULT", "2500"}};
-  for (const auto &[knob, at] : faults) {
-    std::unique_ptr<Session> s;
-    {
-      EnvGuard g(knob, at);
-      s = queue_session(*gpu, 16, "1");
-    }
-    ASSERT_TRUE(s && s->queues_steps());
-    if (!s->pin_prefix(ids.data(), ids.size()).is_ok()) {  // the op fault came in the pin
-      ASSERT_TRUE(s->pin_prefix(ids.data(), ids.size()).is_ok());
-    }
-    Status st;
-    size_t good = 0;
-    for (size_t i = 0; i < ref.size() && st.is_ok(); ++i) {
-      int32_t t = -1;
-      st = s->decode_step(&t);
-      if (st.is_ok()) {
-        EXPECT_EQ(t, ref[good]) << "step " << i << ", " << knob << "=" << at;
-        ++good;
-      }
-    }
-    ASSERT_FALSE(st.is_ok()) << knob << "=" << at << " never fired";
-    EXPECT_EQ(s->n_tokens(), ids.size()) << "back at the pin";
-    EXPECT_NE(st.message().find("CUDA 0"), std::string::npos) << st.message();
-    EXPECT_NE(st.message().find("injected fault"), std::string::npos) << st.message();
-    std::printf("%s=%s after %zu tokens: %s\n", knob, at, good, st.message().c_str());
-    for (size_t i = 0; i < ref.size(); ++i) {
-      int32_t t = -1;
-      ASSERT_TRUE(s->decode_step(&t).is_ok());
-      EXPECT_EQ(t, ref[i]) << "after " << knob << "=" << at;
-    }
-  }
-  // Found by logits(): null, and the session is at its pin at once.
-  std::unique_ptr<Session> s;
-  {
-    EnvGuard g("GEIST_CUDA_INJECT_WAIT_FAULT", "2");
-    s = queue_session(*gpu, 16, "1");
-  }
-  ASSERT_TRUE(s && s->pin_prefix(ids.data(), ids.size()).is_ok());
-  for (int i = 0; i < 2; ++i) {
-    int32_t t = -1;
-    ASSERT_TRUE(s->decode_step(&t).is_ok());  // the first queues, the second waits (wait 1)
-    EXPECT_EQ(t, ref[size_t(i)]);
-  }
-  EXPECT_EQ(s->logits(), nullptr) << "wait 2 fails inside logits()";
-  EXPECT_EQ(s->n_tokens(), ids.size()) << "back at the pin";
-  int32_t t = -1;
-  ASSERT_TRUE(s->decode_step(&t).is_ok());
-  EXPECT_EQ(t, ref[0]) << "decoding goes on from the pin";
-  EXPECT_EQ(s->n_tokens(), ids.size() + 1);
+  test::expect_queued_faults_recover(*gpu, random_ids(*gpu, 24, 9), "GEIST_CUDA_QUEUE", "1", "0",
+                                     {{"GEIST_CUDA_INJECT_WAIT_FAULT", "1"},
+                                      {"GEIST_CUDA_INJECT_WAIT_FAULT", "2"},
+                                      {"GEIST_CUDA_INJECT_WAIT_FAULT", "7"},
+                                      {"GEIST_CUDA_INJECT_WAIT_FAULT", "30"},
+                                      {"GEIST_CUDA_INJECT_FAULT", "1200"},
+                                      {"GEIST_CUDA_INJECT_FAULT", "2500"}},
+                                     "GEIST_CUDA_INJECT_WAIT_FAULT", "CUDA 0");
 }
+
 
 // A KV cache far larger than any device: a clean GEIST_E_OUT_OF_MEMORY naming the size.
 TEST(CudaModel, KvCacheLargerThanTheDevice) {

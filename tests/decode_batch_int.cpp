@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "decode_batch_check.h"
+#include "queued_decode_check.h"
 #include "engine/model.h"
 #include "engine/session.h"
 #include "geist/geist.h"
@@ -280,6 +281,31 @@ TEST(DecodeBatch, StepBatchCApi) {
     geist_session_free(r[i]);
   }
   geist_model_free(m);
+}
+
+// Queued greedy decode, emulated on the CPU (GEIST_CPU_QUEUE=1: a queued step's greedy token
+// reaches the session only at its wait, and the next step takes it from the exec, as on a
+// GPU): bit-identical to waited decode through every call that can come between steps, on
+// every committed model; and a failure at a wait (GEIST_CPU_INJECT_WAIT_FAULT=N) takes the
+// session back to its pin (queued_decode_check.h; the same checks run on a GPU in
+// cuda_model_int.cpp).
+TEST(QueuedDecode, EmulatedOnTheCpuEqualsWaited) {
+  for (const char *rel : kModels) {
+    std::unique_ptr<Model> m = load(rel);
+    ASSERT_TRUE(m);
+    test::expect_queued_equals_waited(*m, rel, test::batch_ids(*m, 27, 5), "GEIST_CPU_QUEUE", "1", "0");
+  }
+}
+
+TEST(QueuedDecode, AFailureAtTheWaitRecoversToThePin) {
+  std::unique_ptr<Model> m = load("gemma4/tiny_gemma4_a_q8_0.gguf");
+  ASSERT_TRUE(m);
+  test::expect_queued_faults_recover(*m, test::batch_ids(*m, 24, 9), "GEIST_CPU_QUEUE", "1", "0",
+                                     {{"GEIST_CPU_INJECT_WAIT_FAULT", "1"},
+                                      {"GEIST_CPU_INJECT_WAIT_FAULT", "2"},
+                                      {"GEIST_CPU_INJECT_WAIT_FAULT", "7"},
+                                      {"GEIST_CPU_INJECT_WAIT_FAULT", "30"}},
+                                     "GEIST_CPU_INJECT_WAIT_FAULT", "CPU");
 }
 
 }  // namespace

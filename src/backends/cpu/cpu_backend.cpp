@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <new>
 #include <string>
@@ -189,6 +191,14 @@ class CpuExec final : public Exec {
  public:
   CpuExec(int n_threads, int max_chunk) : pool_(ThreadPool::shared(n_threads)), max_rows_(max_chunk) {
     if (OpProfile::enabled()) profile_ = std::make_unique<OpProfile>();
+    // GEIST_CPU_QUEUE=1 (tests): queued steps emulated (Exec::can_queue), so that the
+    // session's queued decode runs on every CI machine, under the sanitizers: a queued step
+    // runs at once, as every CPU step does, but its greedy tokens reach their hosts only at
+    // wait_queued, and a fed step takes its token from the step before's greedy token, as
+    // on a GPU. GEIST_CPU_INJECT_WAIT_FAULT=N: the N-th wait fails as a device error would.
+    const char *q = std::getenv("GEIST_CPU_QUEUE");
+    emulate_queue_ = q != nullptr && std::strcmp(q, "1") == 0;
+    if (const char *e = std::getenv("GEIST_CPU_INJECT_WAIT_FAULT")) inject_wait_at_ = std::strtoll(e, nullptr, 10);
   }
   ~CpuExec() override {
     if (profile_) {
@@ -217,6 +227,22 @@ class CpuExec final : public Exec {
   void begin_step(const int32_t *tokens, int n_rows, const StepSeq *seqs, int n_seqs) override {
     row_hosts_.clear();
     tokens_ = tokens;
+    step_error_ = Status::ok();
+    greedy_writes_.clear();
+    const bool feed = feed_next_;
+    feed_next_ = false;
+    if (!held_.empty() && (!feed || held_.size() > 1)) {
+      step_error_ = Status(GEIST_E_INTERNAL, "a step began while a queued step was not waited for");
+    }
+    if (feed) {
+      if (n_rows != 1 || last_greedy_ < 0) {
+        step_error_ = Status(GEIST_E_INTERNAL, "a fed step needs one row after a one-row greedy step");
+      } else {
+        fed_token_ = last_greedy_;  // what the device copy does on a GPU
+        tokens_ = &fed_token_;
+      }
+    }
+    last_greedy_ = -1;  // this step's, if it computes one
     n_rows_ = n_rows;
     seqs_.clear();
     int row0 = 0;
@@ -246,22 +272,58 @@ class CpuExec final : public Exec {
     for (int r = 0; r < n_rows; ++r) {
       if (hosts[r] != nullptr) greedy_rows_.push_back(r);
     }
+    greedy_vals_.assign(greedy_rows_.size(), 0);
     if (greedy_rows_.size() == 1) {
       const int r = greedy_rows_[0];
-      *hosts[r] = static_cast<int32_t>(greedy_argmax(x.rows_from(r).p, x.width, pool_.get(), greedy_segment()));
-      return;
+      greedy_vals_[0] = static_cast<int32_t>(greedy_argmax(x.rows_from(r).p, x.width, pool_.get(), greedy_segment()));
+    } else {
+      pool_->run(static_cast<int>(greedy_rows_.size()), [&](int t, int) {
+        const int r = greedy_rows_[size_t(t)];
+        greedy_vals_[size_t(t)] = static_cast<int32_t>(greedy_argmax(x.rows_from(r).p, x.width));
+      });
     }
-    pool_->run(static_cast<int>(greedy_rows_.size()), [&](int t, int) {
-      const int r = greedy_rows_[size_t(t)];
-      *hosts[r] = static_cast<int32_t>(greedy_argmax(x.rows_from(r).p, x.width));
-    });
+    for (size_t i = 0; i < greedy_rows_.size(); ++i) greedy_writes_.push_back({hosts[greedy_rows_[i]], greedy_vals_[i]});
+    last_greedy_ = n_rows == 1 && greedy_rows_.size() == 1 ? greedy_vals_[0] : -1;
   }
   Status end_step() override {
+    const bool queue = queue_next_;
+    queue_next_ = false;
     for (size_t r = 0; r < row_hosts_.size(); ++r) {
       std::memcpy(row_hosts_[r], rows_out_.data() + r * size_t(row_width_), size_t(row_width_) * sizeof(float));
     }
     row_hosts_.clear();
+    if (!step_error_.is_ok()) {
+      drop_queued();
+      return step_error_;
+    }
+    if (queue) {
+      held_.push_back(std::move(greedy_writes_));
+      greedy_writes_.clear();
+      return Status::ok();
+    }
+    for (const auto &[host, v] : greedy_writes_) *host = v;
+    greedy_writes_.clear();
     return Status::ok();
+  }
+
+  bool can_queue() const override { return emulate_queue_; }
+  void queue_next_step() override { queue_next_ = emulate_queue_; }
+  void feed_greedy() override { feed_next_ = true; }
+  Status wait_queued() override {
+    if (held_.empty()) return Status::ok();
+    const std::vector<std::pair<int32_t *, int32_t>> w = std::move(held_.front());
+    held_.pop_front();
+    if (inject_wait_at_ > 0 && ++waits_ == inject_wait_at_) {
+      drop_queued();
+      return Status(GEIST_E_INTERNAL, "running the forward pass on CPU: injected fault (GEIST_CPU_INJECT_WAIT_FAULT)");
+    }
+    for (const auto &[host, v] : w) *host = v;
+    return Status::ok();
+  }
+  void drop_queued() override {
+    held_.clear();
+    last_greedy_ = -1;
+    queue_next_ = feed_next_ = false;
   }
 
   void embed(const WeightView &table, float scale, Act out) override {
@@ -378,6 +440,16 @@ class CpuExec final : public Exec {
   std::vector<std::vector<float>> bufs_;
   std::vector<float> rows_out_;      // output_rows: the step's rows, copied out at end_step
   std::vector<int> greedy_rows_;     // greedy: the rows wanted
+  std::vector<int32_t> greedy_vals_;  // and their tokens
+  // This step's greedy tokens and their hosts: written at end_step, or for a queued step
+  // (GEIST_CPU_QUEUE=1) held until wait_queued (held_, oldest first).
+  std::vector<std::pair<int32_t *, int32_t>> greedy_writes_;
+  std::deque<std::vector<std::pair<int32_t *, int32_t>>> held_;
+  int32_t last_greedy_ = -1;  // the last step's one greedy token, for a fed step
+  int32_t fed_token_ = 0;
+  Status step_error_;
+  bool emulate_queue_ = false, queue_next_ = false, feed_next_ = false;
+  long long inject_wait_at_ = 0, waits_ = 0;
   std::vector<float *> row_hosts_;
   int64_t row_width_ = 0;
   // The step's sequences: rows [row0, row0 + n) at positions pos0.. of kv.
