@@ -236,9 +236,9 @@ class CudaExec final : public Exec {
     const char *ht = std::getenv("GEIST_CUDA_HOST_TIMES");
     host_times_.on = ht && std::strcmp(ht, "1") == 0;
     // Greedy decode steps are queued (can_queue; GEIST_CUDA_QUEUE=0: never). Measured on an
-    // H100 (2026-12-07): generation 270M +4-8 %, E4B +3-5 %. Not while profiling, which times
-    // each op. GEIST_CUDA_INJECT_WAIT_FAULT=N (tests): the N-th wait for a queued step fails
-    // as a device error found there would.
+    // H100 (2026-12-07, two calls): generation 270M +4-10 %, E4B +3-7 %. Not while
+    // profiling, which times each op. GEIST_CUDA_INJECT_WAIT_FAULT=N (tests): the N-th wait
+    // for a queued step fails as a device error found there would.
     const char *q = std::getenv("GEIST_CUDA_QUEUE");
     queue_ = !(q != nullptr && std::strcmp(q, "0") == 0) && !profile_;
     if (const char *e = std::getenv("GEIST_CUDA_INJECT_WAIT_FAULT")) inject_wait_at_ = std::strtoll(e, nullptr, 10);
