@@ -375,17 +375,13 @@ Status Session::decode_step(int32_t *out) {
   int32_t *greedy = greedy_target();
   greedy_ = -1;
   const bool queue = greedy != nullptr && queues_steps();
+  if (queue) exec_->queue_next_step();
   Status st;
-  if (queue) {
-    exec_->queue_next_step();
-    try {
-      st = forward_one(&tok, 1, 0, logits_.get(), greedy);
-    } catch (...) {
-      abandon_queued();
-      throw;
-    }
-  } else {
+  try {
     st = forward_one(&tok, 1, 0, logits_.get(), greedy);
+  } catch (...) {
+    if (queue) abandon_queued();
+    throw;
   }
   if (!st.is_ok()) {
     exec_->drop_queued();

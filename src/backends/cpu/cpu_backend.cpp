@@ -272,18 +272,19 @@ class CpuExec final : public Exec {
     for (int r = 0; r < n_rows; ++r) {
       if (hosts[r] != nullptr) greedy_rows_.push_back(r);
     }
-    greedy_vals_.assign(greedy_rows_.size(), 0);
+    greedy_writes_.clear();
+    for (int r : greedy_rows_) greedy_writes_.push_back({hosts[r], 0});
     if (greedy_rows_.size() == 1) {
       const int r = greedy_rows_[0];
-      greedy_vals_[0] = static_cast<int32_t>(greedy_argmax(x.rows_from(r).p, x.width, pool_.get(), greedy_segment()));
+      greedy_writes_[0].second =
+          static_cast<int32_t>(greedy_argmax(x.rows_from(r).p, x.width, pool_.get(), greedy_segment()));
     } else {
       pool_->run(static_cast<int>(greedy_rows_.size()), [&](int t, int) {
         const int r = greedy_rows_[size_t(t)];
-        greedy_vals_[size_t(t)] = static_cast<int32_t>(greedy_argmax(x.rows_from(r).p, x.width));
+        greedy_writes_[size_t(t)].second = static_cast<int32_t>(greedy_argmax(x.rows_from(r).p, x.width));
       });
     }
-    for (size_t i = 0; i < greedy_rows_.size(); ++i) greedy_writes_.push_back({hosts[greedy_rows_[i]], greedy_vals_[i]});
-    last_greedy_ = n_rows == 1 && greedy_rows_.size() == 1 ? greedy_vals_[0] : -1;
+    last_greedy_ = n_rows == 1 && greedy_writes_.size() == 1 ? greedy_writes_[0].second : -1;
   }
   Status end_step() override {
     const bool queue = queue_next_;
@@ -440,7 +441,6 @@ class CpuExec final : public Exec {
   std::vector<std::vector<float>> bufs_;
   std::vector<float> rows_out_;      // output_rows: the step's rows, copied out at end_step
   std::vector<int> greedy_rows_;     // greedy: the rows wanted
-  std::vector<int32_t> greedy_vals_;  // and their tokens
   // This step's greedy tokens and their hosts: written at end_step, or for a queued step
   // (GEIST_CPU_QUEUE=1) held until wait_queued (held_, oldest first).
   std::vector<std::pair<int32_t *, int32_t>> greedy_writes_;
