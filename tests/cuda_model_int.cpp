@@ -476,7 +476,7 @@ TEST(CudaModel, ADeviceErrorMidForwardRecoversToThePin) {
   }
 }
 
-// Queued greedy decode (the default; GEIST_CUDA_QUEUE=0 waits): each decode step returns
+// Queued decode, greedy and sampled (the default; GEIST_CUDA_QUEUE=0 waits): each decode step returns
 // once it is queued and the next takes its token on the device. Tokens, the logits read
 // between steps and a snapshot are bit-identical to waited steps, through reads, snapshots,
 // a batch step, a prefill, a sampler change and a reset between queued steps
@@ -485,6 +485,8 @@ TEST(CudaModel, QueuedDecodeEqualsWaitedDecode) {
   for (const std::string &path : model_paths()) {
     LOAD_CUDA_OR_SKIP(gpu, path);
     test::expect_queued_equals_waited(*gpu, base(path), random_ids(*gpu, 27, 5), "GEIST_CUDA_QUEUE", "1", "0");
+    test::expect_queued_equals_waited(*gpu, base(path), random_ids(*gpu, 27, 5), "GEIST_CUDA_QUEUE", "1", "0",
+                                      test::sampled_sampling());
   }
 }
 
@@ -505,6 +507,11 @@ TEST(CudaModel, AQueuedStepsDeviceErrorRecoversToThePin) {
                                       {"GEIST_CUDA_INJECT_FAULT", "1200"},
                                       {"GEIST_CUDA_INJECT_FAULT", "2500"}},
                                      "GEIST_CUDA_INJECT_WAIT_FAULT", "CUDA 0");
+  test::expect_queued_faults_recover(*gpu, random_ids(*gpu, 24, 9), "GEIST_CUDA_QUEUE", "1", "0",
+                                     {{"GEIST_CUDA_INJECT_WAIT_FAULT", "2"},
+                                      {"GEIST_CUDA_INJECT_WAIT_FAULT", "30"},
+                                      {"GEIST_CUDA_INJECT_FAULT", "2500"}},
+                                     "GEIST_CUDA_INJECT_WAIT_FAULT", "CUDA 0", test::sampled_sampling());
 }
 
 

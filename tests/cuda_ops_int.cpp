@@ -18,6 +18,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -32,8 +33,10 @@
 #endif
 
 #include "backends/cpu/ops.h"
+#include "backends/cuda/draw_kernels.h"
 #include "backends/cuda/kernels.h"
 #include "backends/kv_type.h"
+#include "base/draw.h"
 #include "base/thread_pool.h"
 #include "quant/dot.h"
 #include "quant/quant.h"
@@ -1214,6 +1217,102 @@ CUDA_TEST(CudaOps, GreedyRowsIsTheScan) {
   EXPECT_FALSE(cu::greedy_rows(d1.as<float>(), 0, 1, d1.as<int32_t>(), d1.as(), s).is_ok());
   EXPECT_FALSE(cu::greedy_rows(nullptr, 4, 1, d1.as<int32_t>(), d1.as(), s).is_ok());
   std::printf("RESULT greedy_rows %d rows: the scan's index\n", cases);
+}
+
+// sample_rows (the sampled draw on the device) against the host's draw_sampled (what the
+// sampler runs) on the same rows and uniforms: random rows, ties everywhere, NaNs (sprinkled,
+// everywhere), -inf and signed zeros among the candidates, +inf (NaN weights), over widths
+// from 1 to a Gemma vocabulary, several rows per call with their own params (top-k 1 to
+// 256, top-p and min-p on and off) and rows not sampled (left as they were); then one tied
+// row drawn hot by 64 uniforms, which walks the pick across its candidates' order.
+CUDA_TEST(CudaOps, SampleRowsEqualsTheHostDraw) {
+  REQUIRE_CUDA();
+  const cu::CudaStream s = cuda_env().s;
+  const float nan = std::nanf(""), inf = INFINITY;
+  std::mt19937 rng(91);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  auto make_row = [&](int p, int64_t n) {
+    std::vector<float> x = randn(size_t(n), rng, 3.0f);
+    std::uniform_int_distribution<int64_t> at(0, n - 1);
+    switch (p) {
+      case 0: break;
+      case 1: for (float &v : x) v = std::round(v); break;  // ties everywhere
+      case 2: for (int k = 0; k < int(n / 7) + 1; ++k) x[size_t(at(rng))] = nan; break;
+      case 3: std::fill(x.begin(), x.end(), nan); break;  // no candidate: 0
+      case 4: for (float &v : x) v = v < 1.0f ? -inf : v; break;
+      case 5: for (float &v : x) v = std::round(v) == 0.0f ? (v < 0 ? -0.0f : 0.0f) : v - 9.0f; break;
+      case 6: x[size_t(at(rng))] = inf; break;
+      case 7: std::fill(x.begin(), x.end(), 1.5f); x[size_t(at(rng))] = nan; break;  // all tied
+      default: break;
+    }
+    return x;
+  };
+  constexpr int kPatterns = 8;
+  const DrawSpec kinds[] = {{0.8f, 40, 0.95f, 0.05f, 0}, {1.5f, 1, 1.0f, 0.0f, 0},   {2.0f, 64, 1.0f, 0.0f, 0},
+                            {5.0f, 65, 1.0f, 0.0f, 0},   {1.0f, 256, 0.99f, 0.0f, 0}, {0.3f, 17, 0.5f, 0.2f, 0},
+                            {0.0f, 0, 1.0f, 0.0f, 0}};  // the last: not sampled
+  constexpr int kKinds = 7;
+  std::vector<std::pair<float, int32_t>> cand;
+  std::vector<double> pr;
+  int cases = 0;
+  for (int64_t n : {int64_t(1), int64_t(31), int64_t(257), int64_t(4096), int64_t(4097), int64_t(65539),
+                    int64_t(262144)}) {
+    for (int rows : {1, 3, 9}) {
+      for (int round = 0; round < 2; ++round) {
+        std::vector<float> x;
+        std::vector<DrawSpec> specs;
+        std::vector<int32_t> want;
+        int max_k = 0;
+        for (int r = 0; r < rows; ++r) {
+          const std::vector<float> row = make_row((r + rows + round) % kPatterns, n);
+          x.insert(x.end(), row.begin(), row.end());
+          DrawSpec d = kinds[(r + 2 * round + int(n % 5)) % kKinds];
+          d.u = uni(rng);
+          specs.push_back(d);
+          if (d.temperature > 0) {
+            max_k = std::max(max_k, d.top_k);
+            want.push_back(draw_sampled(row.data(), n, size_t(d.top_k), d.temperature, d.top_p, d.min_p, d.u, cand, pr));
+          } else {
+            want.push_back(-5);
+          }
+        }
+        if (max_k == 0) continue;
+        for (int k : {max_k <= 64 ? 64 : 256, 256}) {
+          DevBuf dx(x), dspec(specs), dout(std::vector<int32_t>(size_t(rows), -5)),
+              dscratch(cu::sample_scratch_bytes(n, rows, k));
+          CU_OK(cu::sample_rows(dx.as<float>(), n, rows, dspec.as<DrawSpec>(), k, dout.as<int32_t>(), dscratch.as(), s));
+          const std::vector<int32_t> got = dout.get<int32_t>(size_t(rows));
+          for (int r = 0; r < rows; ++r) {
+            EXPECT_EQ(got[size_t(r)], want[size_t(r)]) << "width " << n << " row " << r << " of " << rows << " k " << k
+                                                     << " top_k " << specs[size_t(r)].top_k << " pattern "
+                                                     << (r + rows + round) % kPatterns;
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  // One row with ties everywhere, hot and with every candidate kept, drawn with 64 uniforms
+  // across [0, 1): the picks go through the candidates in their order.
+  const int64_t n = 100000;
+  std::vector<float> row = make_row(1, n), x;
+  std::vector<DrawSpec> specs;
+  std::vector<int32_t> want;
+  for (int r = 0; r < 64; ++r) {
+    x.insert(x.end(), row.begin(), row.end());
+    specs.push_back({100.0f, 256, 1.0f, 0.0f, (r + 0.5) / 64});
+    want.push_back(draw_sampled(row.data(), n, 256, 100.0f, 1.0f, 0.0f, specs.back().u, cand, pr));
+  }
+  DevBuf dx(x), dspec(specs), dout(size_t(64) * 4), dscratch(cu::sample_scratch_bytes(n, 64, 256));
+  CU_OK(cu::sample_rows(dx.as<float>(), n, 64, dspec.as<DrawSpec>(), 256, dout.as<int32_t>(), dscratch.as(), s));
+  const std::vector<int32_t> got = dout.get<int32_t>(64);
+  EXPECT_EQ(got, want);
+  EXPECT_GT(std::set<int32_t>(want.begin(), want.end()).size(), 40u) << "the sweep should reach many candidates";
+  DevBuf d1(64);
+  EXPECT_FALSE(cu::sample_rows(d1.as<float>(), 0, 1, d1.as<DrawSpec>(), 64, d1.as<int32_t>(), d1.as(), s).is_ok());
+  EXPECT_FALSE(cu::sample_rows(d1.as<float>(), 4, 1, d1.as<DrawSpec>(), 257, d1.as<int32_t>(), d1.as(), s).is_ok());
+  EXPECT_FALSE(cu::sample_rows(nullptr, 4, 1, d1.as<DrawSpec>(), 64, d1.as<int32_t>(), d1.as(), s).is_ok());
+  std::printf("RESULT sample_rows %d rows + 64 uniforms: the host's draw\n", cases);
 }
 
 const KvType kKvTypes[] = {KvType::F32, KvType::F16, KvType::BF16, KvType::Q8_0};

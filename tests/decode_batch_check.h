@@ -142,9 +142,16 @@ inline void expect_mixed_step_equals_alone(const Model &m, const std::string &wh
   std::vector<std::unique_ptr<KvStore>> solo, joint;
   std::vector<std::vector<int32_t>> ids;
   std::vector<float> want(kSeqs * nv), got(kSeqs * nv);
-  // Each logits row's greedy token (Exec::greedy), alone and in the joint step; sequence 1's
-  // is not asked for in the joint step and must stay as it was.
-  std::vector<int32_t> solo_greedy(kSeqs, -1), joint_greedy(kSeqs, -1);
+  // Each logits row's drawn token (Exec::draw), alone and in the joint step; sequence 1's
+  // is not asked for in the joint step and must stay as it was. Sequences 0 and 1 draw the
+  // greedy token, 2 and 3 sampled ones (different params and uniforms per row).
+  auto spec_of = [](int i) {
+    DrawSpec d;
+    if (i == 2) d = {0.9f, 40, 0.95f, 0.05f, 0.37};
+    if (i == 3) d = {1.3f, 7, 1.0f, 0.0f, 0.81};
+    return d;
+  };
+  std::vector<StepDraw> solo_draw(kSeqs), joint_draw(kSeqs);
   for (int i = 0; i < kSeqs; ++i) {
     solo.push_back(kv());
     joint.push_back(kv());
@@ -161,7 +168,8 @@ inline void expect_mixed_step_equals_alone(const Model &m, const std::string &wh
     for (int i = 0; i < kSeqs; ++i) {
       const int n = phase == 0 ? rows[i] : 1;
       const int32_t *t = phase == 0 ? ids[size_t(i)].data() : ids[size_t(i)].data() + rows[i];
-      int32_t *const g = &solo_greedy[size_t(i)];
+      StepDraw *const g = &solo_draw[size_t(i)];
+      *g = StepDraw{spec_of(i), -1};
       ASSERT_TRUE(arch.forward(t, n, *solo[size_t(i)], **ex, n - 1, want.data() + size_t(i) * nv, &g).is_ok());
       toks.insert(toks.end(), t, t + n);
       seqs.push_back({joint[size_t(i)].get(), n});
@@ -169,29 +177,39 @@ inline void expect_mixed_step_equals_alone(const Model &m, const std::string &wh
     // Each sequence's row to its own buffer (here in reverse order in one array).
     std::vector<float *> dst(kSeqs);
     for (int i = 0; i < kSeqs; ++i) dst[size_t(i)] = got.data() + size_t(kSeqs - 1 - i) * nv;
-    std::vector<int32_t *> gp(kSeqs);
-    for (int i = 0; i < kSeqs; ++i) gp[size_t(i)] = i == 1 ? nullptr : &joint_greedy[size_t(i)];
-    joint_greedy.assign(kSeqs, -7);
+    std::vector<StepDraw *> gp(kSeqs);
+    for (int i = 0; i < kSeqs; ++i) {
+      joint_draw[size_t(i)] = StepDraw{spec_of(i), -7};
+      gp[size_t(i)] = i == 1 ? nullptr : &joint_draw[size_t(i)];
+    }
     models::ArchModel::LogitRows out;
     out.seq_out = dst.data();
-    out.greedy = gp.data();
+    out.draws = gp.data();
     const Status st = arch.forward(toks.data(), seqs.data(), kSeqs, **ex, out);
     ASSERT_TRUE(st.is_ok()) << st.to_string();
     for (int i = 0; i < kSeqs; ++i) {
       EXPECT_EQ(joint[size_t(i)]->n_past, solo[size_t(i)]->n_past);
       EXPECT_EQ(0, std::memcmp(want.data() + size_t(i) * nv, dst[size_t(i)], nv * sizeof(float)))
           << what << " phase " << phase << " sequence " << i;
-      const int32_t argmax = scan_argmax(want.data() + size_t(i) * nv, int64_t(nv));
-      EXPECT_EQ(solo_greedy[size_t(i)], argmax) << what << " phase " << phase << " sequence " << i << " alone";
-      EXPECT_EQ(joint_greedy[size_t(i)], i == 1 ? -7 : argmax) << what << " phase " << phase << " sequence " << i;
+      const DrawSpec d = spec_of(i);
+      std::vector<std::pair<float, int32_t>> cand;
+      std::vector<double> pr;
+      const int32_t ref = d.temperature <= 0.0f
+                              ? scan_argmax(want.data() + size_t(i) * nv, int64_t(nv))
+                              : draw_sampled(want.data() + size_t(i) * nv, int64_t(nv), size_t(d.top_k), d.temperature,
+                                             d.top_p, d.min_p, d.u, cand, pr);
+      EXPECT_EQ(solo_draw[size_t(i)].token, ref) << what << " phase " << phase << " sequence " << i << " alone";
+      EXPECT_EQ(joint_draw[size_t(i)].token, i == 1 ? -7 : ref) << what << " phase " << phase << " sequence " << i;
     }
   }
 }
 
 // A session's draws whatever the sampling and the state its logits came from: every token
 // is the one sampling the logits it had before the step gives (greedy: the scan's argmax of
-// the row, penalised where a penalty applies), through greedy and sampled steps, a switch of
-// the params mid-way, a pin and reset, a snapshot restore, and decode_batch.
+// the row, penalised where a penalty applies; sampled: a host Sampler with the same params
+// and seed on that row, which the step's own draw must match), through greedy and sampled
+// steps, a switch of the params mid-way, a pin and reset, a snapshot restore, and
+// decode_batch.
 inline void expect_draws_follow_the_logits(const Model &m, const std::string &what, int threads) {
   const int64_t nv = m.info().n_vocab;
   std::unique_ptr<Session> s = batch_session(m, 16, threads, 0), other = batch_session(m, 16, threads, 2);
@@ -200,14 +218,26 @@ inline void expect_draws_follow_the_logits(const Model &m, const std::string &wh
   ASSERT_TRUE(s->pin_prefix(ids.data(), 20).is_ok());
   ASSERT_TRUE(s->prefill(ids.data() + 20, 7).is_ok());
   ASSERT_TRUE(other->prefill(ids.data(), 11).is_ok());
-  SamplerParams greedy = s->sampling(), penalised = greedy, sampled = greedy;
+  SamplerParams greedy = s->sampling(), penalised = greedy, sampled = greedy, sampled2 = greedy;
   penalised.repeat_penalty = 1.5f;
   penalised.repeat_last_n = -1;  // every token so far
   sampled.temperature = 0.9f;
+  sampled.top_k = 40;
+  sampled2.temperature = 1.7f;  // hot: the draws reach past the first candidates
+  sampled2.top_k = 200;
+  sampled2.top_p = 0.99f;
+  sampled2.min_p = 0.0f;
+  sampled2.seed = 99;
+  Sampler ref(sampled);  // the session's sampler while it samples (set_sampling reseeds both)
   std::vector<uint8_t> image;
-  for (int step = 0; step < 24; ++step) {
+  for (int step = 0; step < 27; ++step) {
     if (step == 4) {
       ASSERT_TRUE(s->set_sampling(sampled).is_ok());
+      ref = Sampler(sampled);
+    }
+    if (step == 21) {
+      ASSERT_TRUE(s->set_sampling(sampled2).is_ok());
+      ref = Sampler(sampled2);
     }
     if (step == 7) {
       ASSERT_TRUE(s->set_sampling(penalised).is_ok());
@@ -227,7 +257,9 @@ inline void expect_draws_follow_the_logits(const Model &m, const std::string &wh
     }
     const SamplerParams &p = s->sampling();
     const std::vector<int32_t> hist = p.repeat_penalty != 1.0f ? s->tokens() : std::vector<int32_t>{};
-    const int32_t want = p.temperature <= 0 ? scan_argmax(s->logits(), nv, hist, p.repeat_penalty) : -1;
+    const int32_t want = p.temperature <= 0          ? scan_argmax(s->logits(), nv, hist, p.repeat_penalty)
+                         : p.repeat_penalty == 1.0f ? ref.sample(s->logits(), nv)
+                                                    : -1;
     int32_t got = -1;
     if (step % 3 == 2) {  // through decode_batch with another greedy session
       Session *b[] = {other.get(), s.get()};

@@ -283,7 +283,7 @@ TEST(DecodeBatch, StepBatchCApi) {
   geist_model_free(m);
 }
 
-// Queued greedy decode, emulated on the CPU (GEIST_CPU_QUEUE=1: a queued step's greedy token
+// Queued decode, greedy and sampled, emulated on the CPU (GEIST_CPU_QUEUE=1: a queued step's drawn token
 // reaches the session only at its wait, and the next step takes it from the exec, as on a
 // GPU): bit-identical to waited decode through every call that can come between steps, on
 // every committed model; and a failure at a wait (GEIST_CPU_INJECT_WAIT_FAULT=N) takes the
@@ -294,6 +294,8 @@ TEST(QueuedDecode, EmulatedOnTheCpuEqualsWaited) {
     std::unique_ptr<Model> m = load(rel);
     ASSERT_TRUE(m);
     test::expect_queued_equals_waited(*m, rel, test::batch_ids(*m, 27, 5), "GEIST_CPU_QUEUE", "1", "0");
+    test::expect_queued_equals_waited(*m, rel, test::batch_ids(*m, 27, 5), "GEIST_CPU_QUEUE", "1", "0",
+                                      test::sampled_sampling());
   }
 }
 
@@ -306,6 +308,9 @@ TEST(QueuedDecode, AFailureAtTheWaitRecoversToThePin) {
                                       {"GEIST_CPU_INJECT_WAIT_FAULT", "7"},
                                       {"GEIST_CPU_INJECT_WAIT_FAULT", "30"}},
                                      "GEIST_CPU_INJECT_WAIT_FAULT", "CPU");
+  test::expect_queued_faults_recover(*m, test::batch_ids(*m, 24, 9), "GEIST_CPU_QUEUE", "1", "0",
+                                     {{"GEIST_CPU_INJECT_WAIT_FAULT", "2"}, {"GEIST_CPU_INJECT_WAIT_FAULT", "30"}},
+                                     "GEIST_CPU_INJECT_WAIT_FAULT", "CPU", test::sampled_sampling());
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
-// Checks of queued greedy decode (Session::decode_step on an exec that queues steps: CUDA by
+// Checks of queued decode (Session::decode_step on an exec that queues steps: CUDA by
 // default, the CPU with GEIST_CPU_QUEUE=1, which emulates it) shared by the CPU test
 // (decode_batch_int.cpp, so that CI runs the session's queued paths under the sanitizers)
 // and the CUDA one (cuda_model_int.cpp): the tokens, the logits read between steps and a
 // snapshot are bit-identical to waited steps, and a failure found at a wait takes the
-// session back to its pin.
+// session back to its pin. Greedy and sampled sessions (a sampled step draws its token on
+// the device, base/draw.h).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -45,20 +46,37 @@ class EnvGuard {
   bool had_ = false;
 };
 
-// A greedy session of 16 rows per step and 1024 positions made with `knob` set to `value`
-// (the exec reads it when it is made).
-inline std::unique_ptr<Session> knob_session(const Model &m, const char *knob, const char *value) {
+inline SamplerParams greedy_sampling() {
+  SamplerParams p;
+  p.temperature = 0;
+  return p;
+}
+
+// A sampler whose draws a step computes on the device: top-k 20 (below every test model's
+// vocabulary), no penalty.
+inline SamplerParams sampled_sampling() {
+  SamplerParams p;
+  p.temperature = 0.9f;
+  p.top_k = 20;
+  p.seed = 5;
+  return p;
+}
+
+// A session of 16 rows per step and 1024 positions (greedy unless sp says otherwise) made
+// with `knob` set to `value` (the exec reads it when it is made).
+inline std::unique_ptr<Session> knob_session(const Model &m, const char *knob, const char *value,
+                                             const SamplerParams &sp = greedy_sampling()) {
   EnvGuard g(knob, value);
   SessionParams p;
   p.n_ctx = 1024;
   p.chunk = 16;
-  p.sampling.temperature = 0;
+  p.sampling = sp;
   Result<std::unique_ptr<Session>> s = Session::create(m, p);
   EXPECT_TRUE(s) << s.status().to_string();
   return s ? std::move(s).value() : nullptr;
 }
 
-// What a session's greedy decode gives through every kind of call that can come between
+// What a session's decode gives through every kind of call that can come between
 // queued steps: tokens, logits rows read in between, a snapshot image.
 struct DecodeTrace {
   std::vector<int32_t> tokens;
@@ -66,8 +84,8 @@ struct DecodeTrace {
   std::vector<uint8_t> image;
 };
 
-// ids: at least 27 tokens (a pin of 24, a prefill of 3).
-inline DecodeTrace trace_decode(Session &s, const std::vector<int32_t> &ids) {
+// ids: at least 27 tokens (a pin of 24, a prefill of 3). base: the session's sampling.
+inline DecodeTrace trace_decode(Session &s, const std::vector<int32_t> &ids, const SamplerParams &base) {
   DecodeTrace t;
   const size_t nv = size_t(s.n_vocab());
   auto decode = [&](int n) {
@@ -98,14 +116,17 @@ inline DecodeTrace trace_decode(Session &s, const std::vector<int32_t> &ids) {
   decode(3);
   EXPECT_TRUE(s.prefill(ids.data() + 24, 3).is_ok());
   decode(5);
-  SamplerParams hot;  // a sampler that reads the logits: steps are waited for
+  SamplerParams hot;  // a sampler that reads the logits (a penalty): steps are waited for
   hot.temperature = 0.8f;
+  hot.repeat_penalty = 1.3f;
   hot.seed = 7;
   EXPECT_TRUE(s.set_sampling(hot).is_ok());
   decode(3);
-  SamplerParams greedy;
-  greedy.temperature = 0;
-  EXPECT_TRUE(s.set_sampling(greedy).is_ok());
+  SamplerParams other = base;  // the other kind of step draw, queued too
+  other.temperature = base.temperature > 0 ? 0.0f : 1.1f;
+  EXPECT_TRUE(s.set_sampling(other).is_ok());
+  decode(4);
+  EXPECT_TRUE(s.set_sampling(base).is_ok());
   decode(6);
   read_logits();
   s.reset();
@@ -116,15 +137,16 @@ inline DecodeTrace trace_decode(Session &s, const std::vector<int32_t> &ids) {
 }
 
 // Queued (knob = on) against waited (knob = off) decode of one model: bit-identical through
-// reads, a snapshot, a batch step, a prefill, a sampler change and a reset.
+// reads, a snapshot, a batch step, a prefill, sampler changes and a reset.
 inline void expect_queued_equals_waited(const Model &m, const std::string &name, const std::vector<int32_t> &ids,
-                                        const char *knob, const char *on, const char *off) {
-  std::unique_ptr<Session> waited = knob_session(m, knob, off);
-  std::unique_ptr<Session> queued = knob_session(m, knob, on);
+                                        const char *knob, const char *on, const char *off,
+                                        const SamplerParams &base = greedy_sampling()) {
+  std::unique_ptr<Session> waited = knob_session(m, knob, off, base);
+  std::unique_ptr<Session> queued = knob_session(m, knob, on, base);
   ASSERT_TRUE(waited && queued);
   EXPECT_FALSE(waited->queues_steps()) << knob << "=" << off;
   ASSERT_TRUE(queued->queues_steps()) << knob << "=" << on << " did not queue";
-  const DecodeTrace a = trace_decode(*waited, ids), b = trace_decode(*queued, ids);
+  const DecodeTrace a = trace_decode(*waited, ids, base), b = trace_decode(*queued, ids, base);
   EXPECT_EQ(a.tokens, b.tokens) << name;
   ASSERT_EQ(a.logits.size(), b.logits.size());
   for (size_t i = 0; i < a.logits.size(); ++i) {
@@ -149,8 +171,9 @@ inline void expect_queued_equals_waited(const Model &m, const std::string &name,
 inline void expect_queued_faults_recover(const Model &m, const std::vector<int32_t> &ids, const char *queue_knob,
                                          const char *on, const char *off,
                                          const std::vector<std::pair<const char *, const char *>> &faults,
-                                         const char *wait_fault_knob, const char *device) {
-  std::unique_ptr<Session> clean = knob_session(m, queue_knob, off);
+                                         const char *wait_fault_knob, const char *device,
+                                         const SamplerParams &sp = greedy_sampling()) {
+  std::unique_ptr<Session> clean = knob_session(m, queue_knob, off, sp);
   ASSERT_TRUE(clean && clean->pin_prefix(ids.data(), ids.size()).is_ok());
   std::vector<int32_t> ref(60);
   for (int32_t &t : ref) ASSERT_TRUE(clean->decode_step(&t).is_ok());
@@ -158,7 +181,7 @@ inline void expect_queued_faults_recover(const Model &m, const std::vector<int32
     std::unique_ptr<Session> s;
     {
       EnvGuard g(knob, at);
-      s = knob_session(m, queue_knob, on);
+      s = knob_session(m, queue_knob, on, sp);
     }
     ASSERT_TRUE(s && s->queues_steps());
     if (!s->pin_prefix(ids.data(), ids.size()).is_ok()) {  // an op fault came in the pin
@@ -188,7 +211,7 @@ inline void expect_queued_faults_recover(const Model &m, const std::vector<int32
   std::unique_ptr<Session> s;
   {
     EnvGuard g(wait_fault_knob, "2");
-    s = knob_session(m, queue_knob, on);
+    s = knob_session(m, queue_knob, on, sp);
   }
   ASSERT_TRUE(s && s->pin_prefix(ids.data(), ids.size()).is_ok());
   for (int i = 0; i < 2; ++i) {

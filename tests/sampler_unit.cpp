@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <random>
 #include <memory>
 #include <set>
 #include <vector>
@@ -474,6 +476,96 @@ TEST(Sampler, TopKPathDrawsWhatTheFullSortDraws) {
       }
     }
   }
+}
+
+// base/draw.h's exponential (the same bits on the host and the GPU) against the C library's:
+// within 2 ulp over the range a draw uses, exact at 0, 0 below -708, NaN kept.
+TEST(Sampler, DeterministicExpIsWithinTwoUlpOfLibm) {
+  auto ulps = [](double a, double b) {
+    int64_t ia, ib;
+    std::memcpy(&ia, &a, 8);
+    std::memcpy(&ib, &b, 8);
+    return ia > ib ? ia - ib : ib - ia;
+  };
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<double> wide(-700.0, 700.0), near(-40.0, 0.0);
+  int64_t worst = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const double x = i % 2 ? wide(rng) : near(rng);
+    worst = std::max(worst, ulps(draw::det_exp(x), std::exp(x)));
+  }
+  EXPECT_LE(worst, 2) << "worst ulp distance from std::exp";
+  for (double x : {-1e-300, 1e-300, 0.5 * std::log(2.0), -0.5 * std::log(2.0), -707.9, 708.9}) {
+    EXPECT_LE(ulps(draw::det_exp(x), std::exp(x)), 2) << x;
+  }
+  EXPECT_EQ(draw::det_exp(0.0), 1.0);
+  EXPECT_EQ(draw::det_exp(-0.0), 1.0);
+  EXPECT_EQ(draw::det_exp(-INFINITY), 0.0);
+  EXPECT_EQ(draw::det_exp(-709.0), 0.0);
+  EXPECT_TRUE(std::isinf(draw::det_exp(INFINITY)));
+  EXPECT_TRUE(std::isnan(draw::det_exp(NAN)));
+}
+
+// A draw a step computes (Sampler::step_spec, then draw_sampled with the spec's uniform, then
+// take_step_draw) is the draw sample() makes on the same row, and leaves the same sampler
+// state; the spec for a draw after `pending` others uses the uniform those draws leave; a
+// change of the params, a penalty or a top-k the step does not take means no step draw.
+TEST(Sampler, StepDrawsEqualHostDraws) {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> row(5000);
+  SamplerParams p;
+  p.temperature = 1.3f;
+  p.top_k = 50;
+  p.top_p = 0.9f;
+  p.min_p = 0.02f;
+  p.seed = 17;
+  Sampler host(p), step(p);
+  std::vector<std::pair<float, int32_t>> cand;
+  std::vector<double> pr;
+  for (int i = 0; i < 300; ++i) {
+    for (float &x : row) x = nd(rng);
+    DrawSpec d, after;
+    ASSERT_TRUE(step.step_spec(0, int64_t(row.size()), &d));
+    ASSERT_TRUE(step.step_spec(1, int64_t(row.size()), &after));
+    ASSERT_TRUE(step.takes_step_draw(d));
+    const int32_t want = host.sample(row.data(), int64_t(row.size()));
+    const int32_t got = draw_sampled(row.data(), int64_t(row.size()), size_t(d.top_k), d.temperature, d.top_p,
+                                     d.min_p, d.u, cand, pr);
+    ASSERT_EQ(got, want) << "draw " << i;
+    step.take_step_draw(d, got);
+    EXPECT_FALSE(step.takes_step_draw(d)) << "a spec is taken once";
+    DrawSpec next;
+    ASSERT_TRUE(step.step_spec(0, int64_t(row.size()), &next));
+    EXPECT_EQ(next.u, after.u) << "pending 1 is the draw after this one";
+    const Sampler::State a = host.state(), b = step.state();
+    ASSERT_EQ(0, std::memcmp(a.rng, b.rng, sizeof a.rng));
+    ASSERT_EQ(a.history, b.history);
+  }
+  DrawSpec d;
+  ASSERT_TRUE(step.step_spec(0, int64_t(row.size()), &d));
+  SamplerParams q = p;
+  q.top_p = 0.8f;
+  step.set_params(q);
+  EXPECT_FALSE(step.takes_step_draw(d)) << "other params";
+  q.repeat_penalty = 1.1f;
+  step.set_params(q);
+  EXPECT_FALSE(step.step_spec(0, int64_t(row.size()), &d)) << "a penalty reads the row";
+  q.repeat_penalty = 1.0f;
+  q.top_k = DrawSpec::kMaxStepTopK + 1;
+  step.set_params(q);
+  EXPECT_FALSE(step.step_spec(0, int64_t(row.size()), &d)) << "top-k above the step's";
+  q.top_k = 0;
+  step.set_params(q);
+  EXPECT_FALSE(step.step_spec(0, int64_t(row.size()), &d)) << "no top-k";
+  q.top_k = 40;
+  step.set_params(q);
+  EXPECT_TRUE(step.step_spec(0, 41, &d));
+  EXPECT_FALSE(step.step_spec(0, 40, &d)) << "top-k of the whole vocabulary";
+  q.temperature = 0;
+  step.set_params(q);
+  ASSERT_TRUE(step.step_spec(0, int64_t(row.size()), &d));
+  EXPECT_EQ(d.temperature, 0.0f) << "greedy";
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 
 #include "backends/kv_store.h"
 #include "backends/weight.h"
+#include "base/draw.h"
 #include "base/status.h"
 
 namespace geist {
@@ -87,12 +88,15 @@ class Exec {
   virtual Act output(float *host, int64_t width, int n_rows) = 0;
   // The same with row r of the output going to hosts[r] (width floats each).
   virtual Act output_rows(float *const *hosts, int64_t width, int n_rows) = 0;
-  // The greedy token of each row r of x [n_rows][x.width] (base/argmax.h's greedy_argmax:
-  // the first index of the largest value, NaNs never chosen, a NaN at index 0 kept) to
-  // *hosts[r], on the host after end_step; a null hosts[r]: row r not wanted. x is an output
-  // of this step (output, output_rows), read after the ops before this call. What a session
-  // whose sampler draws the argmax takes instead of reading the logits row on the host.
-  virtual void greedy(Act x, int n_rows, int32_t *const *hosts) = 0;
+  // The token each row r of x [n_rows][x.width] draws (rows[r]->spec) to rows[r]->token,
+  // on the host after end_step; a null rows[r]: row r not wanted. Greedy rows
+  // (temperature <= 0): base/argmax.h's greedy_argmax (the first index of the largest
+  // value, NaNs never chosen, a NaN at index 0 kept). Sampled rows: engine/sampler.h's
+  // draw_sampled with the spec's uniform (base/draw.h: the same token on every backend).
+  // x is an output of this step (output, output_rows), read after the ops before this
+  // call. What a session whose next draw the step can compute takes instead of reading the
+  // logits row on the host. The specs are read during the call.
+  virtual void draw(Act x, int n_rows, StepDraw *const *rows) = 0;
   // Host memory for outputs of n floats, zeroed, that this exec downloads into fastest
   // (page-locked on CUDA: a 1 MiB logits row comes back in 27 us instead of 130 on the
   // H200); plain heap memory where that is all there is, or when page-locking fails.
@@ -105,32 +109,32 @@ class Exec {
   // the session is then left as before the call.
   virtual Status end_step() = 0;
   // Deferred outputs: while on, the steps that end leave their output() rows on the device
-  // (a greedy step's logits row, which the session may never read) and
+  // (the logits row of a step that draws its token, which the session may never read) and
   // outputs_deferred() says so; fetch_outputs() then copies them to their host buffers and
   // waits, any time before the next begin_step, which drops them. A backend that writes
   // the host buffers directly (the CPU) defers nothing.
   virtual void defer_outputs(bool /*on*/) {}
   virtual bool outputs_deferred() const { return false; }
   virtual Status fetch_outputs() { return Status::ok(); }
-  // Queued steps, for a backend whose steps run while the host goes on (CUDA). A greedy
-  // session's decode step need not wait for its own result: the next step takes its token
+  // Queued steps, for a backend whose steps run while the host goes on (CUDA). A decode
+  // step that draws its own token need not wait for its own result: the next step takes its token
   // from it on the device, so the host records step n+1 while the device runs step n.
   // can_queue(): whether this exec queues steps (not the CPU, whose steps run on the caller).
   virtual bool can_queue() const { return false; }
   // The next end_step returns once the step is enqueued (errors of recording and launching
-  // are reported there, as always); its greedy tokens, its outputs and its device errors
+  // are reported there, as always); its drawn tokens, its outputs and its device errors
   // come with wait_queued(), which waits for the oldest queued step. At most two steps are
-  // queued; while one is, the only step that may begin is a fed one (feed_greedy).
+  // queued; while one is, the only step that may begin is a fed one (feed_drawn).
   virtual void queue_next_step() {}
-  // Waits for the oldest queued step and writes its greedy tokens to their hosts; OK when
+  // Waits for the oldest queued step and writes its drawn tokens to their rows; OK when
   // none is queued. On an error every queued step is dropped (nothing of them runs on).
   virtual Status wait_queued() { return Status::ok(); }
-  // Waits for the device and forgets every queued step (their greedy tokens unwritten).
+  // Waits for the device and forgets every queued step (their drawn tokens unwritten).
   virtual void drop_queued() {}
-  // In the next step (one row), the row's token is the greedy token that the step before it
-  // (one row, greedy asked for) computed, taken on the device: the id given to begin_step
-  // for that row is not used.
-  virtual void feed_greedy() {}
+  // In the next step (one row), the row's token is the token that the step before it (one
+  // row, a draw asked for) drew, taken on the device: the id given to begin_step for that
+  // row is not used.
+  virtual void feed_drawn() {}
 
   // out[r] = table[id_r] * scale for the step's tokens; an id >= table.n_out gives a zero
   // row (Gemma 4's per-layer embeddings have no row for some ids). out width = table.n_in.

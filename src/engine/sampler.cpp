@@ -20,60 +20,53 @@ uint64_t splitmix64(uint64_t &x) {
 }
 inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
-typedef float F16x __attribute__((vector_size(64)));
-typedef int32_t I16x __attribute__((vector_size(64)));
-
-// The first index j in [i, n) with x[j] > t (n if none), 16 floats at a time: top_k_sorted
-// below compares most of a vocabulary against the worst candidate kept and finds no hit.
-GEIST_CPU_CLONES
-int64_t first_above(const float *x, int64_t i, int64_t n, float t) {
-  for (; i < n && (i & 15) != 0; ++i) {
-    if (x[i] > t) return i;
-  }
-  F16x tv;
-  for (int l = 0; l < 16; ++l) tv[l] = t;
-  for (; i + 16 <= n; i += 16) {
-    F16x v;
-    std::memcpy(&v, x + i, sizeof v);
-    const I16x gt = v > tv;
-    int32_t hit = 0;
-    for (int l = 0; l < 16; ++l) hit |= gt[l];
-    if (hit) break;
-  }
-  for (; i < n; ++i) {
-    if (x[i] > t) return i;
-  }
-  return n;
+// xoshiro256**: the next word of s, as a double in [0, 1) (53 bits).
+double xoshiro_uniform(uint64_t *s) {
+  const uint64_t result = rotl(s[1] * 5, 7) * 9;
+  const uint64_t t = s[1] << 17;
+  s[2] ^= s[0];
+  s[3] ^= s[1];
+  s[1] ^= s[2];
+  s[0] ^= s[3];
+  s[2] ^= t;
+  s[3] = rotl(s[3], 45);
+  return static_cast<double>(result >> 11) * 0x1.0p-53;
 }
+
 }  // namespace
 
-size_t top_k_sorted(const float *x, int64_t n, size_t k, std::pair<float, int32_t> *out) {
-  // A heap of the best k seen so far whose top is the worst of them. Ids come in ascending
-  // order, so a later element displaces the worst only with a strictly larger value (on a
-  // tie the earlier id ranks first): the threshold test is one comparison.
-  auto better = [](const std::pair<float, int32_t> &a, const std::pair<float, int32_t> &b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
-  if (k == 0) return 0;
-  size_t m = 0;
-  int64_t i = 0;
-  for (; i < n && m < k; ++i) {
-    if (std::isnan(x[i])) continue;
-    out[m++] = {x[i], static_cast<int32_t>(i)};
-    std::push_heap(out, out + m, better);
-  }
-  if (m == k) {
-    for (i = first_above(x, i, n, out[0].first); i < n; i = first_above(x, i + 1, n, out[0].first)) {
-      std::pop_heap(out, out + k, better);
-      out[k - 1] = {x[i], static_cast<int32_t>(i)};
-      std::push_heap(out, out + k, better);
-    }
-  }
-  std::sort(out, out + m, better);
-  return m;
+Sampler::Sampler(const SamplerParams &p) : p_(p) { reset(); }
+
+double Sampler::peek_uniform(int skip) const {
+  uint64_t s[4] = {s_[0], s_[1], s_[2], s_[3]};
+  for (int i = 0; i < skip; ++i) (void)xoshiro_uniform(s);
+  return xoshiro_uniform(s);
 }
 
-Sampler::Sampler(const SamplerParams &p) : p_(p) { reset(); }
+bool Sampler::step_spec(int pending, int64_t n_vocab, DrawSpec *spec) const {
+  *spec = DrawSpec{};
+  if (p_.temperature <= 0.0f) return true;  // greedy: the argmax (temperature 0)
+  if (p_.repeat_penalty != 1.0f || p_.top_k < 1 || p_.top_k > DrawSpec::kMaxStepTopK || p_.top_k >= n_vocab) {
+    return false;
+  }
+  spec->temperature = p_.temperature;
+  spec->top_k = p_.top_k;
+  spec->top_p = p_.top_p;
+  spec->min_p = p_.min_p;
+  spec->u = peek_uniform(pending);
+  return true;
+}
+
+bool Sampler::takes_step_draw(const DrawSpec &s) const {
+  if (s.temperature <= 0.0f) return draws_argmax();
+  return p_.temperature == s.temperature && p_.top_k == s.top_k && p_.top_p == s.top_p && p_.min_p == s.min_p &&
+         p_.repeat_penalty == 1.0f && peek_uniform(0) == s.u;
+}
+
+void Sampler::take_step_draw(const DrawSpec &s, int32_t token) {
+  if (s.temperature > 0.0f) (void)next_uniform();  // the word sample() would have used
+  accept(token);
+}
 
 void Sampler::reset() {
   uint64_t x = p_.seed;
@@ -81,17 +74,7 @@ void Sampler::reset() {
   history_.clear();
 }
 
-double Sampler::next_uniform() {
-  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
-  const uint64_t t = s_[1] << 17;
-  s_[2] ^= s_[0];
-  s_[3] ^= s_[1];
-  s_[1] ^= s_[2];
-  s_[0] ^= s_[3];
-  s_[2] ^= t;
-  s_[3] = rotl(s_[3], 45);
-  return static_cast<double>(result >> 11) * 0x1.0p-53;
-}
+double Sampler::next_uniform() { return xoshiro_uniform(s_); }
 
 void Sampler::set_params(const SamplerParams &p) {
   p_ = p;
@@ -169,56 +152,16 @@ int32_t Sampler::sample(const float *logits, int64_t n_vocab, ThreadPool *pool) 
     }
     lg = pen_.data();
   }
-  auto by_logit = [](const auto &a, const auto &b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
   int32_t chosen;
-  size_t n = 0;
-  if (p_.temperature > 0.0f && p_.top_k > 0 && p_.top_k < n_vocab) {
-    // The top k in one pass over the row, in the order a sort by (logit desc, id asc)
-    // gives: the same candidates as sorting all n_vocab pairs, without writing them.
-    cand_.resize(static_cast<size_t>(p_.top_k));
-    n = top_k_sorted(lg, n_vocab, cand_.size(), cand_.data());
-  }
-  if (n == 0) {
+  if (p_.temperature <= 0.0f) {
+    // The greedy draw of a penalised row: the first index of the largest value.
+    auto by_logit = [](const auto &a, const auto &b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
     cand_.resize(static_cast<size_t>(n_vocab));
     for (int64_t i = 0; i < n_vocab; ++i) cand_[i] = {lg[i], static_cast<int32_t>(i)};
-  }
-  if (p_.temperature <= 0.0f) {
     chosen = std::min_element(cand_.begin(), cand_.end(), by_logit)->second;
   } else {
-    if (n == 0) {
-      n = cand_.size();
-      if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) n = static_cast<size_t>(p_.top_k);
-      std::partial_sort(cand_.begin(), cand_.begin() + n, cand_.end(), by_logit);
-    }
-    cand_.resize(n);
-    // Probabilities at temperature 1 drive top-p and min-p (as llama.cpp's chain does).
-    const float mx = cand_[0].first;
-    std::vector<double> pr(n);
-    double sum = 0;
-    for (size_t i = 0; i < n; ++i) sum += pr[i] = std::exp(double(cand_[i].first) - mx);
-    size_t keep = n;
-    if (p_.top_p < 1.0f) {
-      double cum = 0;
-      for (size_t i = 0; i < n; ++i) {
-        cum += pr[i] / sum;
-        if (cum >= p_.top_p) { keep = i + 1; break; }
-      }
-    }
-    if (p_.min_p > 0.0f) {
-      size_t k = 1;
-      while (k < keep && pr[k] >= p_.min_p * pr[0]) ++k;
-      keep = k;
-    }
-    cand_.resize(keep);
-    std::vector<double> w(keep);
-    double wsum = 0;
-    for (size_t i = 0; i < keep; ++i) wsum += w[i] = std::exp((double(cand_[i].first) - mx) / p_.temperature);
-    double u = next_uniform() * wsum;
-    chosen = cand_[keep - 1].second;
-    for (size_t i = 0; i < keep; ++i) {
-      if (u < w[i]) { chosen = cand_[i].second; break; }
-      u -= w[i];
-    }
+    const size_t k = p_.top_k > 0 && p_.top_k < n_vocab ? static_cast<size_t>(p_.top_k) : static_cast<size_t>(n_vocab);
+    chosen = draw_sampled(lg, n_vocab, k, p_.temperature, p_.top_p, p_.min_p, next_uniform(), cand_, pr_);
   }
   accept(chosen);
   return chosen;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/argmax.h"
+#include "base/draw.h"
 
 namespace geist {
 
@@ -39,6 +40,16 @@ class Sampler {
   // applies): a greedy token computed elsewhere (Exec::greedy) may then be taken with
   // accept() instead of sample(): the same token, the same state after.
   bool draws_argmax() const { return p_.temperature <= 0.0f && (p_.repeat_penalty == 1.0f || history_.empty()); }
+  // Draws a step computes (Exec::draw: on a GPU, on the device, so the row need not reach
+  // the host). step_spec: whether the draw after `pending` further draws can be computed
+  // from the logits row alone, and how (*spec); a sampled one needs no penalty to apply and
+  // 1 <= top_k <= DrawSpec::kMaxStepTopK, top_k < n_vocab. A greedy spec is filled whenever
+  // the sampler is greedy (takes_step_draw decides at the draw, as draws_argmax does).
+  bool step_spec(int pending, int64_t n_vocab, DrawSpec *spec) const;
+  // Whether the next draw is what a step computed with spec: then take_step_draw(spec,
+  // token) draws it (the same RNG words and history as sample() on that row).
+  bool takes_step_draw(const DrawSpec &spec) const;
+  void take_step_draw(const DrawSpec &spec, int32_t token);
   void reset();                // clear history, reseed
   const SamplerParams &params() const { return p_; }
   // Replace the params; reseeds the RNG from p.seed and keeps the history (trimmed to
@@ -58,17 +69,13 @@ class Sampler {
 
  private:
   double next_uniform();  // [0, 1)
+  double peek_uniform(int skip) const;  // what next_uniform() gives after `skip` more calls
   SamplerParams p_;
   uint64_t s_[4];
   std::deque<int32_t> history_;
   std::vector<std::pair<float, int32_t>> cand_;
+  std::vector<double> pr_;
   std::vector<float> pen_;  // the penalised logits
 };
-
-// The k best (logit, id) of x[0..n) in the order of a sort by logit descending, then id
-// ascending (what sorting all n pairs and keeping the first k gives), written to out[0..k);
-// NaNs are never taken. Returns how many were written: k, or fewer if x has fewer non-NaN
-// values. One pass over x; the sampler's top-k.
-size_t top_k_sorted(const float *x, int64_t n, size_t k, std::pair<float, int32_t> *out);
 
 }  // namespace geist

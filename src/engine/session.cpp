@@ -58,14 +58,23 @@ Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionPa
   if (const int warm = exec->warm_up_steps(); warm > 0) {
     // Throwaway decode steps at position 0 (the rows they write lie past n_past and are
     // overwritten by the first prefill), so that the first request runs like the tenth:
-    // with and without the greedy token (a greedy sampler's steps compute it), so that
-    // changing the sampling does not capture on a request's path either.
+    // without a drawn token, with the greedy one and with a sampled one (the steps of a
+    // sampler whose draws a step computes; the session's own top-k where it has one), so
+    // that changing the sampling does not capture on a request's path either.
     std::vector<float> logits(static_cast<size_t>(m.info().n_vocab));
     const int32_t tok = 0;
-    int32_t greedy = 0, *const greedy_p = &greedy;
-    for (int variant = 0; variant < 2; ++variant) {
+    StepDraw greedy, sampled;
+    sampled.spec.temperature = 1.0f;
+    sampled.spec.top_k = 40;
+    if (DrawSpec own; Sampler(q.sampling).step_spec(0, m.info().n_vocab, &own) && own.temperature > 0.0f) {
+      sampled.spec.top_k = own.top_k;
+    }
+    sampled.spec.top_k = static_cast<int>(std::min<int64_t>(sampled.spec.top_k, m.info().n_vocab));
+    StepDraw *const draws[3] = {nullptr, &greedy, &sampled};
+    for (int variant = 0; variant < 3; ++variant) {
       for (int i = 0; i < warm; ++i) {
-        GEIST_RETURN_IF_ERROR(m.arch().forward(&tok, 1, *cache, *exec, 0, logits.data(), variant ? &greedy_p : nullptr));
+        StepDraw *const *d = variant > 0 ? &draws[variant] : nullptr;
+        GEIST_RETURN_IF_ERROR(m.arch().forward(&tok, 1, *cache, *exec, 0, logits.data(), d));
         cache->n_past = 0;
       }
     }
@@ -96,7 +105,7 @@ void Session::clear() {
   tokens_.clear();
   has_logits_ = false;
   logits_on_device_ = false;
-  greedy_ = -1;
+  step_draw_ = StepDraw{};
   sampler_.reset();
   pin_.reset();
 }
@@ -132,7 +141,7 @@ Status Session::run_chunks(const int32_t *tokens, size_t n, size_t first, float 
     const int rows = static_cast<int>(std::min<size_t>(params_.chunk, n - done));
     const bool last = done + rows == n;
     float *dst = nullptr;
-    int32_t *greedy = nullptr;
+    StepDraw *draw = nullptr;
     int first_row = rows;
     if (out) {
       const size_t from = std::max(first, done);  // rows of this chunk wanted: [from, done + rows)
@@ -143,10 +152,10 @@ Status Session::run_chunks(const int32_t *tokens, size_t n, size_t first, float 
     } else if (last) {
       first_row = rows - 1;
       dst = logits_.get();
-      greedy = greedy_target();
+      draw = draw_target();
     }
-    greedy_ = -1;
-    Status st = forward_one(tokens + done, rows, first_row, dst, greedy, may_defer);
+    step_draw_.token = -1;
+    Status st = forward_one(tokens + done, rows, first_row, dst, draw, may_defer);
     if (!st.is_ok()) {
       recover(rows);
       return st;
@@ -201,7 +210,7 @@ std::unique_ptr<Session::Pin> Session::make_pin() const {
   auto pin = std::make_unique<Pin>();
   pin->n = tokens_.size();
   pin->logits.assign(logits_.get(), logits_.get() + n_vocab());
-  pin->greedy = greedy_;
+  pin->draw = step_draw_;
   pin->sampler = sampler_.state();
   cache_->save_checkpoint(int64_t(pin->n));
   return pin;
@@ -248,7 +257,7 @@ void Session::reset() {
     std::memcpy(logits_.get(), pin_->logits.data(), pin_->logits.size() * sizeof(float));
     has_logits_ = true;
     logits_on_device_ = false;
-    greedy_ = pin_->greedy;
+    step_draw_ = pin_->draw;
     sampler_.set_state(pin_->sampler);
   }
   stats_.reset_seconds += t.seconds();
@@ -279,17 +288,17 @@ Status Session::sync_logits() const {
 }
 
 Status Session::sync_for_draw() const {
-  return draws_step_greedy() ? Status::ok() : sync_logits();
+  return draws_step_token() ? Status::ok() : sync_logits();
 }
 
-Status Session::forward_one(const int32_t *tokens, int rows, int first_row, float *dst, int32_t *greedy,
+Status Session::forward_one(const int32_t *tokens, int rows, int first_row, float *dst, StepDraw *draw,
                             bool may_defer) {
   // Whatever was deferred is overwritten by this step.
   logits_on_device_ = false;
-  // Only where the next draw is the step's token whatever the history (greedy is set for a
-  // greedy sampler; a repeat penalty makes its draws read the row once there is history).
+  // Only where the next draw is the step's token whatever the history (a repeat penalty
+  // makes a greedy sampler's draws read the row once there is history).
   const bool defer =
-      may_defer && greedy != nullptr && dst == logits_.get() && sampler_.params().repeat_penalty == 1.0f;
+      may_defer && draw != nullptr && dst == logits_.get() && sampler_.params().repeat_penalty == 1.0f;
   struct Undefer {  // also when forward throws (bad_alloc): later steps must not defer
     Exec *e;
     ~Undefer() {
@@ -297,7 +306,7 @@ Status Session::forward_one(const int32_t *tokens, int rows, int first_row, floa
     }
   } undefer{defer ? exec_.get() : nullptr};
   if (defer) exec_->defer_outputs(true);
-  Status st = model_.arch().forward(tokens, rows, *cache_, *exec_, first_row, dst, greedy != nullptr ? &greedy : nullptr);
+  Status st = model_.arch().forward(tokens, rows, *cache_, *exec_, first_row, dst, draw != nullptr ? &draw : nullptr);
   if (defer) logits_on_device_ = st.is_ok() && exec_->outputs_deferred();
   return st;
 }
@@ -312,12 +321,13 @@ bool step_greedy_on() {
 }
 }  // namespace
 
-int32_t *Session::greedy_target() {
-  return step_greedy_on() && sampler_.params().temperature <= 0.0f ? &greedy_ : nullptr;
+StepDraw *Session::draw_target(int pending) {
+  return step_greedy_on() && sampler_.step_spec(pending, n_vocab(), &step_draw_.spec) ? &step_draw_ : nullptr;
 }
 
 bool Session::queues_steps() const {
-  return exec_->can_queue() && step_greedy_on() && sampler_.params().temperature <= 0.0f;
+  DrawSpec spec;
+  return exec_->can_queue() && step_greedy_on() && sampler_.step_spec(0, n_vocab(), &spec);
 }
 
 Status Session::settle() const {
@@ -343,18 +353,18 @@ void Session::abandon_queued() {
 Status Session::wait() { return ready(); }
 
 int32_t Session::draw(ThreadPool *pool) {
-  if (draws_step_greedy()) {
-    sampler_.accept(greedy_);
-    return greedy_;
+  if (draws_step_token()) {
+    sampler_.take_step_draw(step_draw_.spec, step_draw_.token);
+    return step_draw_.token;
   }
   return sampler_.sample(logits_.get(), n_vocab(), pool);
 }
 
 Status Session::decode_step(int32_t *out) {
   if (out == nullptr) return GEIST_ERROR(GEIST_E_INVALID_ARGUMENT, "out is NULL");
-  // After a queued step whose token is the argmax the sampler draws: this step takes it on
+  // After a queued step whose drawn token is the sampler's next draw: this step takes it on
   // the device (queued behind it), then waits for it.
-  const bool fed = queued_ && queues_steps() && sampler_.draws_argmax();
+  const bool fed = queued_ && queues_steps() && sampler_.takes_step_draw(step_draw_.spec);
   if (!fed) GEIST_RETURN_IF_ERROR(ready());
   if (!has_logits_) return GEIST_ERROR(GEIST_E_STATE, "no logits to sample from: prefill first");
   if (tokens_.size() + 1 > static_cast<size_t>(cache_->n_ctx())) {
@@ -372,13 +382,13 @@ Status Session::decode_step(int32_t *out) {
   GEIST_RETURN_IF_ERROR(sync_for_draw());
   reserve_tokens(1);  // may throw: before the sampler draws
   const int32_t tok = draw(row_pool());  // records tok in the history
-  int32_t *greedy = greedy_target();
-  greedy_ = -1;
-  const bool queue = greedy != nullptr && queues_steps();
+  StepDraw *draw = draw_target();
+  step_draw_.token = -1;
+  const bool queue = draw != nullptr && queues_steps();
   if (queue) exec_->queue_next_step();
   Status st;
   try {
-    st = forward_one(&tok, 1, 0, logits_.get(), greedy);
+    st = forward_one(&tok, 1, 0, logits_.get(), draw);
   } catch (...) {
     if (queue) abandon_queued();
     throw;
@@ -399,24 +409,28 @@ Status Session::decode_step(int32_t *out) {
 
 Status Session::decode_fed(int32_t *out, const Timer &t) {
   reserve_tokens(1);  // may throw: before anything changes
-  exec_->feed_greedy();
+  const DrawSpec before = step_draw_.spec;  // the queued step's draw, which this step takes
+  // This step's draw comes after that one (pending 1); queues_steps() said the sampler's
+  // draws are a step's, so there is one.
+  StepDraw *const draw = draw_target(1);
+  exec_->feed_drawn();
   exec_->queue_next_step();
   const int32_t unused = 0;  // the row's id comes from the queued step, on the device
-  Status st = forward_one(&unused, 1, 0, logits_.get(), &greedy_);
+  Status st = forward_one(&unused, 1, 0, logits_.get(), draw);
   if (!st.is_ok()) {
     abandon_queued();  // the step before too
     return st;
   }
-  // The step before: its greedy token is the token this step took.
-  st = exec_->wait_queued();  // greedy_ = that token (both steps wrote their greedy there)
+  // The step before: its drawn token is the token this step took.
+  st = exec_->wait_queued();  // step_draw_.token = that token (both steps draw there)
   if (!st.is_ok()) {        // both steps are dropped; n_past counts their rows
     queued_ = false;
     recover(0);
     return st;
   }
-  const int32_t tok = greedy_;
-  greedy_ = -1;  // this step's, when it is waited for
-  sampler_.accept(tok);
+  const int32_t tok = step_draw_.token;
+  step_draw_.token = -1;  // this step's, when it is waited for
+  sampler_.take_step_draw(before, tok);
   tokens_.push_back(tok);
   *out = tok;
   stats_.last_decode_seconds = t.seconds();
@@ -481,9 +495,9 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
   toks.reserve(rows);
   std::vector<StepSeq> seqs(n);
   std::vector<float *> logits(n);
-  std::vector<int32_t *> greedy(n);
+  std::vector<StepDraw *> draws(n);
   // The decoding sessions draw their tokens, each from its own logits with its own sampler,
-  // over session 0's pool when there are several (a draw that is not the step's greedy token
+  // over session 0's pool when there are several (a draw that is not the step's own token
   // reads 1 MiB of logits: ~80 us each, one after the other on this thread otherwise). Which
   // thread draws changes nothing.
   std::vector<int32_t> drawn(n, 0);
@@ -494,8 +508,8 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
   for (size_t i = 0; i < n; ++i) {
     if (n_tokens[i] != 0) continue;
     Session &s = *sessions[i];
-    if (s.draws_step_greedy()) {
-      drawn[i] = s.draw(nullptr);  // the step's greedy token: nothing to read
+    if (s.draws_step_token()) {
+      drawn[i] = s.draw(nullptr);  // the step's token: nothing to read
     } else {
       decoding.push_back(i);
     }
@@ -528,12 +542,12 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
     }
     seqs[i] = {s.cache_.get(), int(m > 0 ? m : 1)};
     logits[i] = s.logits_.get();  // read by the sampler above; the step writes the next ones there
-    greedy[i] = s.greedy_target();
-    s.greedy_ = -1;
+    draws[i] = s.draw_target();
+    s.step_draw_.token = -1;
   }
   models::ArchModel::LogitRows lr;
   lr.seq_out = logits.data();
-  lr.greedy = greedy.data();
+  lr.draws = draws.data();
   const Status st = lead.model_.arch().forward(toks.data(), seqs.data(), int(n), *lead.exec_, lr);
   if (!st.is_ok()) {
     for (size_t i = 0; i < n; ++i) sessions[i]->recover(seqs[i].n_rows);

@@ -125,16 +125,17 @@ class Session {
 
   // Sample from the current logits, append the token, compute the next logits.
   // GEIST_E_STATE without logits, GEIST_E_CONTEXT_FULL when no room is left.
-  // On a backend that queues steps (Exec::can_queue), a greedy session's step returns once
-  // it is queued, and the next decode_step takes its token from it on the device: the host
+  // On a backend that queues steps (Exec::can_queue), a session whose draws the step
+  // computes (Session::queues_steps) returns from a step once it is queued, and the next decode_step takes its token from it on the device: the host
   // records each step while the device runs the one before. Any other call waits for the
   // queued step first (wait()); a device error found then is that call's error.
   Status decode_step(int32_t *out);
   // Waits for a queued step (nothing to do on the CPU). A device error found there takes the
   // session back to its pin (or empty), as the step's own call would have.
   Status wait();
-  // Whether this session's greedy decode steps are queued: a greedy sampler on a backend
-  // that queues (Exec::can_queue).
+  // Whether this session's decode steps are queued: a backend that queues
+  // (Exec::can_queue) and a sampler whose draws a step computes (Sampler::step_spec: greedy,
+  // or sampled with top-k and no penalty).
   bool queues_steps() const;
   // decode_step for n sessions of one model in a single forward step, which reads the
   // weights once for all of them; out[i] is session i's token. Each session samples from
@@ -180,7 +181,7 @@ class Session {
   // The current logits row, or null without logits (or when a deferred row could not be
   // copied from the device: a device error, which sync_logits reports).
   const float *logits() const;
-  // Copies a logits row that a greedy step left on the device (Exec::defer_outputs) to the
+  // Copies a logits row that a step which drew its token left on the device (Exec::defer_outputs) to the
   // host; OK when none is pending. On a device error the row is gone: the session then has
   // no logits (GEIST_E_STATE for a draw) until its next step, reset or restore.
   Status sync_logits() const;
@@ -205,7 +206,7 @@ class Session {
   struct Pin {
     size_t n = 0;
     std::vector<float> logits;  // [n_vocab]
-    int32_t greedy = -1;        // their greedy token where the step computed it
+    StepDraw draw;              // their drawn token where the step computed it
     Sampler::State sampler;
     // The K/V rows a continuation from n still reads that a later prefill can overwrite
     // are the KV store's checkpoint (KvStore::save_checkpoint), kept where the rows live.
@@ -252,15 +253,15 @@ class Session {
   Exec::HostFloats logits_;  // [n_vocab], from exec_->host_floats (page-locked on CUDA)
   // Mutable: a failed sync_logits (const) drops them.
   mutable bool has_logits_ = false;
-  // logits_ is still on the device (Exec::defer_outputs: a greedy step's row, which the next
+  // logits_ is still on the device (Exec::defer_outputs: the row of a step that drew the next
   // draw does not read); sync_logits() copies it. Every read of logits_ goes through it.
   mutable bool logits_on_device_ = false;
-  // model_.arch().forward for one sequence, its logits row deferred where greedy is set
+  // model_.arch().forward for one sequence, its logits row deferred where draw is set
   // (the step computes the token, so the row may never be read).
-  Status forward_one(const int32_t *tokens, int rows, int first_row, float *dst, int32_t *greedy,
+  Status forward_one(const int32_t *tokens, int rows, int first_row, float *dst, StepDraw *draw,
                      bool may_defer = true);
-  // A queued decode step (Exec::queue_next_step): its token is in tokens_, while its greedy
-  // token (greedy_) and its logits row come with settle(). Mutable: const readers settle.
+  // A queued decode step (Exec::queue_next_step): its token is in tokens_, while its drawn
+  // token (step_draw_) and its logits row come with settle(). Mutable: const readers settle.
   mutable bool queued_ = false;
   // Waits for a queued step. On a device error the session goes back to its pin (or empty),
   // even from a const method (logits, snapshot, save_state: the state they would read is
@@ -272,22 +273,24 @@ class Session {
   // step: nothing of it or of a queued step may stay half done, so both are dropped and the
   // session goes back to its pin, as after a device error.
   void abandon_queued();
-  // decode_step after a queued step whose greedy token is the next draw: this step takes
+  // decode_step after a queued step whose drawn token is the next draw: this step takes
   // that token on the device and is queued behind it, then the step before is waited for
   // (its token is this step's, returned in *out). t: the call's timer.
   Status decode_fed(int32_t *out, const Timer &t);
-  // The greedy token of logits_, computed by the step that wrote them (Exec::greedy: on a
-  // GPU, on the device) when the sampler was greedy; -1: not computed.
-  int32_t greedy_ = -1;
-  // Where a step that writes logits_ puts their greedy token: &greedy_ while the sampler is
-  // greedy (a later change of the params reads the logits instead), else nothing.
-  // GEIST_STEP_GREEDY=0: never (every draw reads the logits on the host), for an A/B.
-  int32_t *greedy_target();
-  // Whether the next draw is the step's greedy token (computed, and the sampler draws the
-  // plain argmax): then it reads no logits.
-  bool draws_step_greedy() const { return greedy_ >= 0 && sampler_.draws_argmax(); }
+  // The draw of logits_ that the step which wrote them computed (Exec::draw: on a GPU, on
+  // the device) by the sampler's spec at that time; token -1: not computed.
+  StepDraw step_draw_;
+  // Where a step that writes logits_ puts the draw of them: &step_draw_ with the sampler's
+  // spec for the draw after `pending` further draws (a decode step fed by a queued one
+  // draws after that one's), where the sampler's draws can be computed by a step
+  // (Sampler::step_spec), else nothing. A later change of the sampler reads the logits
+  // instead. GEIST_STEP_GREEDY=0: never (every draw reads the logits on the host), for an A/B.
+  StepDraw *draw_target(int pending = 0);
+  // Whether the next draw is the step's (computed, and the sampler takes it: the same
+  // params and RNG words): then it reads no logits.
+  bool draws_step_token() const { return step_draw_.token >= 0 && sampler_.takes_step_draw(step_draw_.spec); }
   // The next token from the current logits, as sampler_.sample(logits_) draws it: the step's
-  // greedy token where draws_step_greedy(), so the row is not read again here.
+  // step's token where draws_step_token(), so the row is not read again here.
   // sync_for_draw() first: a draw that reads the row needs it on the host.
   int32_t draw(ThreadPool *pool);
   Status sync_for_draw() const;

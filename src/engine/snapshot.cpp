@@ -637,13 +637,13 @@ void Session::commit(const Parts &p, Sampler::State &&pst) {
   if (p.has_logits) std::memcpy(logits_.get(), p.logits, nv * 4);
   has_logits_ = p.has_logits;
   logits_on_device_ = false;
-  greedy_ = -1;  // an image keeps no greedy token: the first draw reads the logits
+  step_draw_ = StepDraw{};  // an image keeps no drawn token: the first draw reads the logits
   if (new_pin) pin_ = std::move(new_pin);
   if (p.n_pin == 0) pin_.reset();
   if (pin_) {
     Pin &pin = *pin_;
     pin.n = p.n_pin;
-    pin.greedy = -1;
+    pin.draw = StepDraw{};
     pin.logits.resize(nv);
     std::memcpy(pin.logits.data(), p.pin_logits, nv * 4);
     for (int i = 0; i < 4; ++i) pin.sampler.rng[i] = pst.rng[i];

@@ -56,9 +56,9 @@ class ArchModel {
     int first_row = 0;
     float *const *seq_out = nullptr;  // ... or the last row of sequence i to seq_out[i] [n_vocab]
                                       // (each sequence's own buffer; no copy on the host)
-    // The greedy token of the i-th logits row written (Exec::greedy) to *greedy[i]; null:
-    // none wanted, a null greedy[i]: not that row's.
-    int32_t *const *greedy = nullptr;
+    // The token the i-th logits row written draws (Exec::draw, by draws[i]->spec) to
+    // draws[i]->token; null: none wanted, a null draws[i]: not that row's.
+    StepDraw *const *draws = nullptr;
   };
   virtual Status forward(const int32_t *tokens, const StepSeq *seqs, int n_seqs, Exec &ex,
                          const LogitRows &out) const = 0;
@@ -66,15 +66,15 @@ class ArchModel {
   // One sequence: tokens[0..n_rows) at positions kv.n_past..; the logits of rows
   // [first_logit_row, n_rows) to logits ([n_rows - first_logit_row][n_vocab]) if it is not
   // null (first_logit_row outside [0, n_rows]: none).
-  // greedy: as LogitRows::greedy.
+  // draws: as LogitRows::draws.
   Status forward(const int32_t *tokens, int n_rows, KvStore &kv, Exec &ex, int first_logit_row, float *logits,
-                 int32_t *const *greedy = nullptr) const {
+                 StepDraw *const *draws = nullptr) const {
     const StepSeq seq{&kv, n_rows};
     LogitRows out;
     if (logits != nullptr && first_logit_row >= 0 && first_logit_row < n_rows) {
       out.out = logits;
       out.first_row = first_logit_row;
-      out.greedy = greedy;
+      out.draws = draws;
     }
     return forward(tokens, &seq, 1, ex, out);
   }

@@ -219,12 +219,12 @@ void step_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act 
   if (out.seq_out == nullptr) {
     if (out.out != nullptr) {
       output_logits(ex, w_out, norm, h.rows_from(out.first_row), n_rows - out.first_row, eps, softcap, x, out.out,
-                    nullptr, out.greedy);
+                    nullptr, out.draws);
     }
     return;
   }
   if (n_rows == n_seqs) {  // one row each: the last rows are all rows
-    output_logits(ex, w_out, norm, h, n_rows, eps, softcap, x, nullptr, out.seq_out, out.greedy);
+    output_logits(ex, w_out, norm, h, n_rows, eps, softcap, x, nullptr, out.seq_out, out.draws);
     return;
   }
   int last = -1;
@@ -232,16 +232,16 @@ void step_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act 
     last += seqs[i].n_rows;
     ex.copy_cols(h.rows_from(last), 0, g.rows_from(i), 1);
   }
-  output_logits(ex, w_out, norm, g, n_seqs, eps, softcap, x, nullptr, out.seq_out, out.greedy);
+  output_logits(ex, w_out, norm, g, n_seqs, eps, softcap, x, nullptr, out.seq_out, out.draws);
 }
 
 void output_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act h, int n, float eps, float softcap,
-                   Act x, float *logits, float *const *row_out, int32_t *const *greedy) {
+                   Act x, float *logits, float *const *row_out, StepDraw *const *draws) {
   ex.rmsnorm(h, &norm, n, h.width, eps, x);
   const Act y = row_out != nullptr ? ex.output_rows(row_out, w_out.n_out, n) : ex.output(logits, w_out.n_out, n);
   ex.matmul(w_out, x, y, n);
   if (softcap > 0) ex.softcap(y, softcap, int64_t(n) * w_out.n_out);
-  if (greedy != nullptr) ex.greedy(y, n, greedy);
+  if (draws != nullptr) ex.draw(y, n, draws);
 }
 
 }  // namespace geist::models

@@ -81,9 +81,9 @@ void residual_norm(Exec &ex, Act o, const WeightView &post_norm, Act h, float h_
 // scratch of h's width.
 void step_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act h, int n_rows, const StepSeq *seqs,
                  int n_seqs, float eps, float softcap, const ArchModel::LogitRows &out, Act x, Act g);
-// Row r goes to logits + r n_vocab, or to row_out[r] when row_out is not null; its greedy
-// token to *greedy[r] where greedy and greedy[r] are not null (Exec::greedy).
+// Row r goes to logits + r n_vocab, or to row_out[r] when row_out is not null; its drawn
+// token to draws[r]->token where draws and draws[r] are not null (Exec::draw).
 void output_logits(Exec &ex, const WeightView &w_out, const WeightView &norm, Act h, int n, float eps, float softcap,
-                   Act x, float *logits, float *const *row_out = nullptr, int32_t *const *greedy = nullptr);
+                   Act x, float *logits, float *const *row_out = nullptr, StepDraw *const *draws = nullptr);
 
 }  // namespace geist::models

@@ -193,8 +193,8 @@ class CpuExec final : public Exec {
     if (OpProfile::enabled()) profile_ = std::make_unique<OpProfile>();
     // GEIST_CPU_QUEUE=1 (tests): queued steps emulated (Exec::can_queue), so that the
     // session's queued decode runs on every CI machine, under the sanitizers: a queued step
-    // runs at once, as every CPU step does, but its greedy tokens reach their hosts only at
-    // wait_queued, and a fed step takes its token from the step before's greedy token, as
+    // runs at once, as every CPU step does, but its drawn tokens reach their hosts only at
+    // wait_queued, and a fed step takes its token from the step before's drawn token, as
     // on a GPU. GEIST_CPU_INJECT_WAIT_FAULT=N: the N-th wait fails as a device error would.
     const char *q = std::getenv("GEIST_CPU_QUEUE");
     emulate_queue_ = q != nullptr && std::strcmp(q, "1") == 0;
@@ -228,21 +228,21 @@ class CpuExec final : public Exec {
     row_hosts_.clear();
     tokens_ = tokens;
     step_error_ = Status::ok();
-    greedy_writes_.clear();
+    draw_writes_.clear();
     const bool feed = feed_next_;
     feed_next_ = false;
     if (!held_.empty() && (!feed || held_.size() > 1)) {
       step_error_ = Status(GEIST_E_INTERNAL, "a step began while a queued step was not waited for");
     }
     if (feed) {
-      if (n_rows != 1 || last_greedy_ < 0) {
-        step_error_ = Status(GEIST_E_INTERNAL, "a fed step needs one row after a one-row greedy step");
+      if (n_rows != 1 || last_drawn_ < 0) {
+        step_error_ = Status(GEIST_E_INTERNAL, "a fed step needs one row after a one-row step that drew its token");
       } else {
-        fed_token_ = last_greedy_;  // what the device copy does on a GPU
+        fed_token_ = last_drawn_;  // what the device copy does on a GPU
         tokens_ = &fed_token_;
       }
     }
-    last_greedy_ = -1;  // this step's, if it computes one
+    last_drawn_ = -1;  // this step's, if it computes one
     n_rows_ = n_rows;
     seqs_.clear();
     int row0 = 0;
@@ -264,27 +264,45 @@ class CpuExec final : public Exec {
     row_width_ = width;
     return {rows_out_.data(), width};
   }
-  // On the host already: one wanted row read in segments over the pool (greedy_argmax),
-  // several one row per task (one fork and join for the step, not one per row).
-  void greedy(Act x, int n_rows, int32_t *const *hosts) override {
-    const OpProfile::Scope ps = scope("greedy");
-    greedy_rows_.clear();
+  // On the host already: one wanted greedy row read in segments over the pool
+  // (greedy_argmax), several rows one per task (one fork and join for the step, not one per
+  // row). A sampled row: draw_sampled, as the host sampler draws it.
+  void draw(Act x, int n_rows, StepDraw *const *rows) override {
+    const OpProfile::Scope ps = scope("draw");
+    draw_rows_.clear();
+    draw_writes_.clear();
     for (int r = 0; r < n_rows; ++r) {
-      if (hosts[r] != nullptr) greedy_rows_.push_back(r);
+      if (rows[r] == nullptr) continue;
+      draw_rows_.push_back({r, rows[r]->spec});
+      draw_writes_.push_back({&rows[r]->token, 0});
     }
-    greedy_writes_.clear();
-    for (int r : greedy_rows_) greedy_writes_.push_back({hosts[r], 0});
-    if (greedy_rows_.size() == 1) {
-      const int r = greedy_rows_[0];
-      greedy_writes_[0].second =
-          static_cast<int32_t>(greedy_argmax(x.rows_from(r).p, x.width, pool_.get(), greedy_segment()));
+    // Each row's candidate scratch, sized here: nothing allocates inside the pool's tasks.
+    if (draw_cand_.size() < draw_rows_.size()) {
+      draw_cand_.resize(draw_rows_.size());
+      draw_pr_.resize(draw_rows_.size());
+    }
+    for (size_t t = 0; t < draw_rows_.size(); ++t) {
+      const size_t k = size_t(std::max(draw_rows_[t].second.top_k, 0));
+      draw_cand_[t].reserve(k);
+      draw_pr_[t].reserve(k);
+    }
+    const auto one = [&](size_t t, ThreadPool *pool) {
+      const int r = draw_rows_[t].first;
+      const DrawSpec &d = draw_rows_[t].second;
+      const float *row = x.rows_from(r).p;
+      if (d.temperature <= 0.0f) {
+        draw_writes_[t].second = static_cast<int32_t>(greedy_argmax(row, x.width, pool, greedy_segment()));
+      } else {
+        draw_writes_[t].second = draw_sampled(row, x.width, size_t(d.top_k), d.temperature, d.top_p, d.min_p, d.u,
+                                              draw_cand_[t], draw_pr_[t]);
+      }
+    };
+    if (draw_rows_.size() == 1) {
+      one(0, pool_.get());
     } else {
-      pool_->run(static_cast<int>(greedy_rows_.size()), [&](int t, int) {
-        const int r = greedy_rows_[size_t(t)];
-        greedy_writes_[size_t(t)].second = static_cast<int32_t>(greedy_argmax(x.rows_from(r).p, x.width));
-      });
+      pool_->run(static_cast<int>(draw_rows_.size()), [&](int t, int) { one(size_t(t), nullptr); });
     }
-    last_greedy_ = n_rows == 1 && greedy_writes_.size() == 1 ? greedy_writes_[0].second : -1;
+    last_drawn_ = n_rows == 1 && draw_writes_.size() == 1 ? draw_writes_[0].second : -1;
   }
   Status end_step() override {
     const bool queue = queue_next_;
@@ -298,18 +316,18 @@ class CpuExec final : public Exec {
       return step_error_;
     }
     if (queue) {
-      held_.push_back(std::move(greedy_writes_));
-      greedy_writes_.clear();
+      held_.push_back(std::move(draw_writes_));
+      draw_writes_.clear();
       return Status::ok();
     }
-    for (const auto &[host, v] : greedy_writes_) *host = v;
-    greedy_writes_.clear();
+    for (const auto &[host, v] : draw_writes_) *host = v;
+    draw_writes_.clear();
     return Status::ok();
   }
 
   bool can_queue() const override { return emulate_queue_; }
   void queue_next_step() override { queue_next_ = emulate_queue_; }
-  void feed_greedy() override { feed_next_ = true; }
+  void feed_drawn() override { feed_next_ = true; }
   Status wait_queued() override {
     if (held_.empty()) return Status::ok();
     const std::vector<std::pair<int32_t *, int32_t>> w = std::move(held_.front());
@@ -323,7 +341,7 @@ class CpuExec final : public Exec {
   }
   void drop_queued() override {
     held_.clear();
-    last_greedy_ = -1;
+    last_drawn_ = -1;
     queue_next_ = feed_next_ = false;
   }
 
@@ -440,12 +458,14 @@ class CpuExec final : public Exec {
   int max_rows_;
   std::vector<std::vector<float>> bufs_;
   std::vector<float> rows_out_;      // output_rows: the step's rows, copied out at end_step
-  std::vector<int> greedy_rows_;     // greedy: the rows wanted
-  // This step's greedy tokens and their hosts: written at end_step, or for a queued step
+  std::vector<std::pair<int, DrawSpec>> draw_rows_;  // draw: the rows wanted
+  std::vector<std::vector<std::pair<float, int32_t>>> draw_cand_;  // and their sampled draws' scratch
+  std::vector<std::vector<double>> draw_pr_;
+  // This step's drawn tokens and their hosts: written at end_step, or for a queued step
   // (GEIST_CPU_QUEUE=1) held until wait_queued (held_, oldest first).
-  std::vector<std::pair<int32_t *, int32_t>> greedy_writes_;
+  std::vector<std::pair<int32_t *, int32_t>> draw_writes_;
   std::deque<std::vector<std::pair<int32_t *, int32_t>>> held_;
-  int32_t last_greedy_ = -1;  // the last step's one greedy token, for a fed step
+  int32_t last_drawn_ = -1;  // the last step's one drawn token, for a fed step
   int32_t fed_token_ = 0;
   Status step_error_;
   bool emulate_queue_ = false, queue_next_ = false, feed_next_ = false;

@@ -22,6 +22,7 @@
 #include "backends/backend.h"
 #include "backends/op_profile.h"
 #include "backends/cpu/ops.h"
+#include "backends/cuda/draw_kernels.h"
 #include "backends/cuda/kernels.h"
 #include "base/timer.h"
 
@@ -264,6 +265,8 @@ class CudaExec final : public Exec {
     cuda::device_free(attn_counters_);
     cuda::device_free(greedy_dev_);
     cuda::host_free_pinned(host_greedy_);
+    cuda::device_free(sample_dev_);
+    cuda::host_free_pinned(host_specs_);
     for (void *p : retired_) cuda::device_free(p);
     for (void *p : retired_host_) cuda::host_free_pinned(p);
   }
@@ -326,7 +329,7 @@ class CudaExec final : public Exec {
   // not counted.
   uint64_t scratch_bytes() const override {
     uint64_t n = step_bytes_ + (scratch_ ? matmul_scratch_bytes_ : 0) + attn_scratch_bytes_ + attn_counter_bytes_ +
-                 greedy_dev_bytes_ + (fold_count_ ? sizeof(unsigned) : 0);
+                 greedy_dev_bytes_ + sample_dev_bytes_ + (fold_count_ ? sizeof(unsigned) : 0);
     for (const Buf &b : bufs_) n += b.n * sizeof(float);
     return n;
   }
@@ -368,7 +371,7 @@ class CudaExec final : public Exec {
       // The row's token is the last step's greedy token: copied on the device, after the
       // upload and before the ops (stream order), so the host need not know it yet.
       if (n_rows != 1 || last_greedy_.n != 1) {
-        fail(Status(GEIST_E_INTERNAL, "a fed step needs one row after a one-row greedy step"));
+        fail(Status(GEIST_E_INTERNAL, "a fed step needs one row after a one-row step that drew its token"));
       } else {
         run(cuda::copy_async(step_, last_greedy_.dev, sizeof(int32_t), stream_), "feeding the greedy token");
       }
@@ -419,10 +422,32 @@ class CudaExec final : public Exec {
     return HostFloats(static_cast<float *>(*p), [](float *q) { cuda::host_free_pinned(q); });
   }
 
-  // Two kernels after the logits (cuda::greedy_rows) and a download of 4 bytes a row, so a
-  // greedy session does not read its 1 MiB logits row on the host.
-  void greedy(Act x, int n_rows, int32_t *const *hosts) override {
+  // The tokens a step draws, and a download of 4 bytes a row, so that a session whose draws
+  // a step computes does not read its 1 MiB logits row on the host: two kernels after the
+  // logits for greedy rows (cuda::greedy_rows), and for sampled rows the top-k levels and
+  // the pick (cuda::sample_rows; 2 kernels at a 262144-token vocabulary and top-k <= 64),
+  // their specs uploaded with the step.
+  void draw(Act x, int n_rows, StepDraw *const *rows) override {
     if (n_rows <= 0) return;
+    bool any_greedy = false;
+    int max_k = 0;
+    std::vector<int32_t *> hosts(size_t(n_rows), nullptr);
+    draw_specs_.assign(size_t(n_rows), DrawSpec{});  // temperature 0: not sampled here
+    for (int r = 0; r < n_rows; ++r) {
+      if (rows[r] == nullptr) continue;
+      hosts[size_t(r)] = &rows[r]->token;
+      const DrawSpec &d = rows[r]->spec;
+      if (!(d.temperature > 0.0f)) {
+        any_greedy = true;
+        continue;
+      }
+      if (d.top_k < 1 || d.top_k > DrawSpec::kMaxStepTopK) {
+        return fail(Status(GEIST_E_INVALID_ARGUMENT, "a sampled draw on the device needs top-k in [1, 256]"));
+      }
+      max_k = std::max(max_k, d.top_k);
+      draw_specs_[size_t(r)] = d;
+    }
+    if (!any_greedy && max_k == 0) return;
     // The parts, then the tokens; sized by the most rows asked for (a decode step of several
     // sessions), grown like the attention scratch. The pinned staging takes the tokens.
     const size_t parts = cuda::greedy_scratch_bytes(n_rows);
@@ -432,7 +457,7 @@ class CudaExec final : public Exec {
       if (Status st = alloc(&p, need, "greedy scratch"); !st.is_ok()) return fail(st);
       // Two halves (stage_), as the step's staging. It never grows while a step is queued:
       // the only step that may begin then is a fed one-row step, and the session's warm-up
-      // steps asked for one greedy row before any step was queued.
+      // steps drew one row before any step was queued.
       Result<void *> h = cuda::host_alloc_pinned(2 * size_t(n_rows) * sizeof(int32_t));
       if (!h) {
         cuda::device_free(p);
@@ -447,10 +472,45 @@ class CudaExec final : public Exec {
     }
     void *scratch = greedy_dev_;
     auto *tok = reinterpret_cast<int32_t *>(static_cast<uint8_t *>(greedy_dev_) + parts);
-    record("greedy", key(17, x.p, x.width, n_rows, scratch),
-           [=, s = stream_] { return cuda::greedy_rows(x.p, x.width, n_rows, tok, scratch, s); });
+    if (any_greedy) {
+      record("greedy", key(17, x.p, x.width, n_rows, scratch),
+             [=, s = stream_] { return cuda::greedy_rows(x.p, x.width, n_rows, tok, scratch, s); });
+    }
+    if (max_k > 0) {
+      // Candidates kept per tile: 64 up to a top-k of 64, else 256 (two shapes of graph).
+      const int k = max_k <= 64 ? 64 : DrawSpec::kMaxStepTopK;
+      const size_t keys = cuda::sample_scratch_bytes(x.width, n_rows, k);
+      const size_t specs = size_t(n_rows) * sizeof(DrawSpec);
+      const size_t keys_at = (specs + 255) / 256 * 256;
+      if (sample_dev_bytes_ < keys_at + keys || sample_cap_ < n_rows) {
+        const size_t cap_rows = size_t(std::max(n_rows, sample_cap_));
+        const size_t bytes = std::max(keys_at + keys, sample_dev_bytes_);
+        void *p = nullptr;
+        if (Status st = alloc(&p, bytes, "sampling scratch"); !st.is_ok()) return fail(st);
+        Result<void *> h = cuda::host_alloc_pinned(2 * cap_rows * sizeof(DrawSpec));
+        if (!h) {
+          cuda::device_free(p);
+          return fail(on_device(h.status(), name_, "allocating pinned host memory"));
+        }
+        retired_.push_back(sample_dev_);
+        retired_host_.push_back(host_specs_);
+        sample_dev_ = p;
+        sample_dev_bytes_ = bytes;
+        host_specs_ = static_cast<DrawSpec *>(*h);
+        sample_cap_ = int(cap_rows);
+      }
+      // The specs (their uniforms change every step) go up with the step, before its graph;
+      // the keys' scratch follows them in the same allocation.
+      auto *dspec = static_cast<DrawSpec *>(sample_dev_);
+      void *keys_p = static_cast<uint8_t *>(sample_dev_) + keys_at;
+      DrawSpec *const hs = host_specs_ + size_t(stage_) * size_t(sample_cap_);
+      std::memcpy(hs, draw_specs_.data(), specs);
+      run(cuda::upload_async(dspec, hs, specs, stream_), "uploading the draws' parameters");
+      record("sample", key(18, x.p, x.width, n_rows, k, sample_dev_),
+             [=, s = stream_] { return cuda::sample_rows(x.p, x.width, n_rows, dspec, k, tok, keys_p, s); });
+    }
     greedy_out_ = {tok, n_rows};
-    greedy_hosts_.assign(hosts, hosts + n_rows);
+    greedy_hosts_ = std::move(hosts);
   }
 
   Status end_step() override {
@@ -511,7 +571,7 @@ class CudaExec final : public Exec {
   // Queued steps (Exec): unless GEIST_CUDA_QUEUE=0, and not while profiling (which times each op).
   bool can_queue() const override { return queue_; }
   void queue_next_step() override { queue_next_ = queue_; }
-  void feed_greedy() override { feed_next_ = true; }
+  void feed_drawn() override { feed_next_ = true; }
   Status wait_queued() override {
     if (queued_.empty()) return Status::ok();
     const Queued q = std::move(queued_.front());
@@ -1261,8 +1321,15 @@ class CudaExec final : public Exec {
   int32_t *host_greedy_ = nullptr;  // pinned, two halves of greedy_cap_ (stage_)
   int greedy_cap_ = 0;
   GreedyOut greedy_out_;
-  GreedyOut last_greedy_;  // the last step's, while it is there to feed the next (feed_greedy)
+  GreedyOut last_greedy_;  // the last step's, while it is there to feed the next (feed_drawn)
   std::vector<int32_t *> greedy_hosts_;
+  // The sampled draws' device scratch (their specs, then the top-k keys) and the specs'
+  // pinned staging (two halves of sample_cap_ rows, stage_).
+  void *sample_dev_ = nullptr;
+  size_t sample_dev_bytes_ = 0;
+  DrawSpec *host_specs_ = nullptr;
+  int sample_cap_ = 0;
+  std::vector<DrawSpec> draw_specs_;
   std::vector<void *> retired_host_;  // pinned buffers replaced during a step
   void *attn_counters_ = nullptr;
   size_t attn_counter_bytes_ = 0;
