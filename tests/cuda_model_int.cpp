@@ -283,14 +283,17 @@ TEST(CudaModel, BatchInvariantBitForBit) {
 
 // Sessions decoding together in one step (Session::decode_batch), and sequences of several
 // rows sharing a step: each bit-identical to running alone, on the device; the greedy
-// tokens computed on the device are the scan's argmax of the downloaded logits.
+// tokens computed on the device are the scan's argmax of the downloaded logits, and the
+// sampled ones the host's draw on them (also a session's, GEIST_CUDA_SAMPLE=1).
 TEST(CudaModel, DecodeBatchEqualsDecodingAlone) {
   const std::vector<std::string> paths = model_paths();
   for (size_t i = 0; i < kCommittedModels; ++i) {
     LOAD_CUDA_OR_SKIP(gpu, paths[i]);
     test::expect_decode_batch_equals_alone(*gpu, base(paths[i]), 1);
     test::expect_mixed_step_equals_alone(*gpu, base(paths[i]));
-    test::expect_draws_follow_the_logits(*gpu, base(paths[i]), 1);
+    test::expect_draws_follow_the_logits(*gpu, base(paths[i]), 1);  // sampled draws on the host
+    test::EnvGuard on("GEIST_CUDA_SAMPLE", "1");
+    test::expect_draws_follow_the_logits(*gpu, base(paths[i]), 1);  // and on the device
   }
 }
 
@@ -485,6 +488,7 @@ TEST(CudaModel, QueuedDecodeEqualsWaitedDecode) {
   for (const std::string &path : model_paths()) {
     LOAD_CUDA_OR_SKIP(gpu, path);
     test::expect_queued_equals_waited(*gpu, base(path), random_ids(*gpu, 27, 5), "GEIST_CUDA_QUEUE", "1", "0");
+    test::EnvGuard on("GEIST_CUDA_SAMPLE", "1");  // sampled draws on the device (off by default)
     test::expect_queued_equals_waited(*gpu, base(path), random_ids(*gpu, 27, 5), "GEIST_CUDA_QUEUE", "1", "0",
                                       test::sampled_sampling());
   }
@@ -507,6 +511,7 @@ TEST(CudaModel, AQueuedStepsDeviceErrorRecoversToThePin) {
                                       {"GEIST_CUDA_INJECT_FAULT", "1200"},
                                       {"GEIST_CUDA_INJECT_FAULT", "2500"}},
                                      "GEIST_CUDA_INJECT_WAIT_FAULT", "CUDA 0");
+  test::EnvGuard on("GEIST_CUDA_SAMPLE", "1");
   test::expect_queued_faults_recover(*gpu, random_ids(*gpu, 24, 9), "GEIST_CUDA_QUEUE", "1", "0",
                                      {{"GEIST_CUDA_INJECT_WAIT_FAULT", "2"},
                                       {"GEIST_CUDA_INJECT_WAIT_FAULT", "30"},

@@ -71,7 +71,7 @@ Result<std::unique_ptr<Session>> Session::create(const Model &m, const SessionPa
     }
     sampled.spec.top_k = static_cast<int>(std::min<int64_t>(sampled.spec.top_k, m.info().n_vocab));
     StepDraw *const draws[3] = {nullptr, &greedy, &sampled};
-    for (int variant = 0; variant < 3; ++variant) {
+    for (int variant = 0; variant < (exec->draws_sampled() ? 3 : 2); ++variant) {
       for (int i = 0; i < warm; ++i) {
         StepDraw *const *d = variant > 0 ? &draws[variant] : nullptr;
         GEIST_RETURN_IF_ERROR(m.arch().forward(&tok, 1, *cache, *exec, 0, logits.data(), d));
@@ -322,12 +322,14 @@ bool step_greedy_on() {
 }  // namespace
 
 StepDraw *Session::draw_target(int pending) {
-  return step_greedy_on() && sampler_.step_spec(pending, n_vocab(), &step_draw_.spec) ? &step_draw_ : nullptr;
+  if (!step_greedy_on() || !sampler_.step_spec(pending, n_vocab(), &step_draw_.spec)) return nullptr;
+  return step_draw_.spec.temperature <= 0.0f || exec_->draws_sampled() ? &step_draw_ : nullptr;
 }
 
 bool Session::queues_steps() const {
   DrawSpec spec;
-  return exec_->can_queue() && step_greedy_on() && sampler_.step_spec(0, n_vocab(), &spec);
+  return exec_->can_queue() && step_greedy_on() && sampler_.step_spec(0, n_vocab(), &spec) &&
+         (spec.temperature <= 0.0f || exec_->draws_sampled());
 }
 
 Status Session::settle() const {

@@ -242,6 +242,8 @@ class CudaExec final : public Exec {
     // for a queued step fails as a device error found there would.
     const char *q = std::getenv("GEIST_CUDA_QUEUE");
     queue_ = !(q != nullptr && std::strcmp(q, "0") == 0) && !profile_;
+    const char *sd = std::getenv("GEIST_CUDA_SAMPLE");  // draws_sampled()
+    sample_ = sd != nullptr && std::strcmp(sd, "1") == 0;
     if (const char *e = std::getenv("GEIST_CUDA_INJECT_WAIT_FAULT")) inject_wait_at_ = std::strtoll(e, nullptr, 10);
     ops_.reserve(2048);
   }
@@ -427,6 +429,9 @@ class CudaExec final : public Exec {
   // logits for greedy rows (cuda::greedy_rows), and for sampled rows the top-k levels and
   // the pick (cuda::sample_rows; 2 kernels at a 262144-token vocabulary and top-k <= 64),
   // their specs uploaded with the step.
+  // Sampled draws on the device for sessions: off by default until measured on a GPU
+  // (GEIST_CUDA_SAMPLE=1 on; the kernels' op test and the model tests run them either way).
+  bool draws_sampled() const override { return sample_; }
   void draw(Act x, int n_rows, StepDraw *const *rows) override {
     if (n_rows <= 0) return;
     bool any_greedy = false;
@@ -1329,6 +1334,7 @@ class CudaExec final : public Exec {
   size_t sample_dev_bytes_ = 0;
   DrawSpec *host_specs_ = nullptr;
   int sample_cap_ = 0;
+  bool sample_ = false;  // GEIST_CUDA_SAMPLE=1: sessions let the steps draw sampled tokens
   std::vector<DrawSpec> draw_specs_;
   std::vector<void *> retired_host_;  // pinned buffers replaced during a step
   void *attn_counters_ = nullptr;
