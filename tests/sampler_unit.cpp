@@ -546,7 +546,11 @@ TEST(Sampler, StepDrawsEqualHostDraws) {
   ASSERT_TRUE(step.step_spec(0, int64_t(row.size()), &d));
   SamplerParams q = p;
   q.top_p = 0.8f;
+  const Sampler::State keep = step.state();
   step.set_params(q);
+  step.set_state(keep);  // the same RNG words: only the params differ
+  DrawSpec again;
+  EXPECT_EQ(step.step_spec(0, int64_t(row.size()), &again) ? again.u : -1.0, d.u);
   EXPECT_FALSE(step.takes_step_draw(d)) << "other params";
   q.repeat_penalty = 1.1f;
   step.set_params(q);

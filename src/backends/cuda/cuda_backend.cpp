@@ -511,7 +511,9 @@ class CudaExec final : public Exec {
       DrawSpec *const hs = host_specs_ + size_t(stage_) * size_t(sample_cap_);
       std::memcpy(hs, draw_specs_.data(), specs);
       run(cuda::upload_async(dspec, hs, specs, stream_), "uploading the draws' parameters");
-      record("sample", key(18, x.p, x.width, n_rows, k, sample_dev_),
+      // Every pointer the launch captures is in its key: a graph captured before either
+      // buffer moved (a batch step of more rows grew one) is not replayed onto freed memory.
+      record("sample", key(18, x.p, x.width, n_rows, k, sample_dev_, tok),
              [=, s = stream_] { return cuda::sample_rows(x.p, x.width, n_rows, dspec, k, tok, keys_p, s); });
     }
     greedy_out_ = {tok, n_rows};
