@@ -277,6 +277,38 @@ inline void expect_draws_follow_the_logits(const Model &m, const std::string &wh
       EXPECT_TRUE(got >= 0 && got < nv) << what << " step " << step;
     }
   }
+  // Sampled one-row steps (a device backend captures them), then a greedy batch step of
+  // more rows than any before on s's exec (its token buffers grow; no sampled row in it),
+  // then sampled one-row steps again: the draws still follow the logits (a replayed step
+  // must not write where the old buffers were).
+  ASSERT_TRUE(s->set_sampling(sampled).is_ok());
+  ref = Sampler(sampled);
+  for (int step = 0; step < 3; ++step) {
+    const int32_t want = ref.sample(s->logits(), nv);
+    int32_t got = -1;
+    ASSERT_TRUE(s->decode_step(&got).is_ok()) << what;
+    EXPECT_EQ(got, want) << what << " sampled step " << step << " before the wide batch";
+  }
+  ASSERT_TRUE(s->set_sampling(greedy).is_ok());
+  std::vector<std::unique_ptr<Session>> more;
+  std::vector<Session *> wide = {s.get()};
+  for (int i = 0; i < 5; ++i) {
+    more.push_back(batch_session(m, 16, threads, 2 * i));  // greedy
+    ASSERT_TRUE(more.back() && more.back()->prefill(ids.data() + i, 5).is_ok());
+    wide.push_back(more.back().get());
+  }
+  std::vector<int32_t> outs(wide.size(), -1);
+  const int32_t want_s = scan_argmax(s->logits(), nv);
+  ASSERT_TRUE(Session::decode_batch(wide.data(), wide.size(), outs.data()).is_ok()) << what;
+  EXPECT_EQ(outs[0], want_s) << what << " the wide greedy batch";
+  ASSERT_TRUE(s->set_sampling(sampled).is_ok());
+  ref = Sampler(sampled);
+  for (int step = 0; step < 3; ++step) {
+    const int32_t want = ref.sample(s->logits(), nv);
+    int32_t got = -1;
+    ASSERT_TRUE(s->decode_step(&got).is_ok()) << what;
+    EXPECT_EQ(got, want) << what << " sampled step " << step << " after the wide batch";
+  }
 }
 
 }  // namespace geist::test
