@@ -281,14 +281,17 @@ inline void expect_draws_follow_the_logits(const Model &m, const std::string &wh
   // more rows than any before on s's exec (its token buffers grow; no sampled row in it),
   // then sampled one-row steps again: the draws still follow the logits (a replayed step
   // must not write where the old buffers were).
-  ASSERT_TRUE(s->set_sampling(sampled).is_ok());
-  ref = Sampler(sampled);
-  for (int step = 0; step < 3; ++step) {
-    const int32_t want = ref.sample(s->logits(), nv);
-    int32_t got = -1;
-    ASSERT_TRUE(s->decode_step(&got).is_ok()) << what;
-    EXPECT_EQ(got, want) << what << " sampled step " << step << " before the wide batch";
-  }
+  auto sampled_steps = [&](const char *when) {
+    ASSERT_TRUE(s->set_sampling(sampled).is_ok());
+    ref = Sampler(sampled);
+    for (int step = 0; step < 3; ++step) {
+      const int32_t want = ref.sample(s->logits(), nv);
+      int32_t got = -1;
+      ASSERT_TRUE(s->decode_step(&got).is_ok()) << what;
+      EXPECT_EQ(got, want) << what << " sampled step " << step << " " << when << " the wide batch";
+    }
+  };
+  sampled_steps("before");
   ASSERT_TRUE(s->set_sampling(greedy).is_ok());
   std::vector<std::unique_ptr<Session>> more;
   std::vector<Session *> wide = {s.get()};
@@ -301,14 +304,7 @@ inline void expect_draws_follow_the_logits(const Model &m, const std::string &wh
   const int32_t want_s = scan_argmax(s->logits(), nv);
   ASSERT_TRUE(Session::decode_batch(wide.data(), wide.size(), outs.data()).is_ok()) << what;
   EXPECT_EQ(outs[0], want_s) << what << " the wide greedy batch";
-  ASSERT_TRUE(s->set_sampling(sampled).is_ok());
-  ref = Sampler(sampled);
-  for (int step = 0; step < 3; ++step) {
-    const int32_t want = ref.sample(s->logits(), nv);
-    int32_t got = -1;
-    ASSERT_TRUE(s->decode_step(&got).is_ok()) << what;
-    EXPECT_EQ(got, want) << what << " sampled step " << step << " after the wide batch";
-  }
+  sampled_steps("after");
 }
 
 }  // namespace geist::test

@@ -429,6 +429,27 @@ class CudaExec final : public Exec {
   // logits for greedy rows (cuda::greedy_rows), and for sampled rows the top-k levels and
   // the pick (cuda::sample_rows; 2 kernels at a 262144-token vocabulary and top-k <= 64),
   // their specs uploaded with the step.
+  // Replaces *dev (device memory) and *host (pinned) with new ones of dev_bytes and
+  // host_bytes; the old ones are retired (freed at the step's end, after the device is done
+  // with them). False, with the step failed and both left as they were, if either fails.
+  bool regrow(void **dev, size_t dev_bytes, void **host, size_t host_bytes, const char *what) {
+    void *p = nullptr;
+    if (Status st = alloc(&p, dev_bytes, what); !st.is_ok()) {
+      fail(st);
+      return false;
+    }
+    Result<void *> h = cuda::host_alloc_pinned(host_bytes);
+    if (!h) {
+      cuda::device_free(p);
+      fail(on_device(h.status(), name_, "allocating pinned host memory"));
+      return false;
+    }
+    retired_.push_back(*dev);
+    retired_host_.push_back(*host);
+    *dev = p;
+    *host = *h;
+    return true;
+  }
   // Sampled draws on the device for sessions: off by default until measured on a GPU
   // (GEIST_CUDA_SAMPLE=1 on; the kernels' op test and the model tests run them either way).
   bool draws_sampled() const override { return sample_; }
@@ -458,21 +479,13 @@ class CudaExec final : public Exec {
     const size_t parts = cuda::greedy_scratch_bytes(n_rows);
     const size_t need = parts + size_t(n_rows) * sizeof(int32_t);
     if (greedy_dev_bytes_ < need) {
-      void *p = nullptr;
-      if (Status st = alloc(&p, need, "greedy scratch"); !st.is_ok()) return fail(st);
       // Two halves (stage_), as the step's staging. It never grows while a step is queued:
       // the only step that may begin then is a fed one-row step, and the session's warm-up
       // steps drew one row before any step was queued.
-      Result<void *> h = cuda::host_alloc_pinned(2 * size_t(n_rows) * sizeof(int32_t));
-      if (!h) {
-        cuda::device_free(p);
-        return fail(on_device(h.status(), name_, "allocating pinned host memory"));
-      }
-      retired_.push_back(greedy_dev_);
-      retired_host_.push_back(host_greedy_);
-      greedy_dev_ = p;
+      void *h = host_greedy_;
+      if (!regrow(&greedy_dev_, need, &h, 2 * size_t(n_rows) * sizeof(int32_t), "greedy scratch")) return;
       greedy_dev_bytes_ = need;
-      host_greedy_ = static_cast<int32_t *>(*h);
+      host_greedy_ = static_cast<int32_t *>(h);
       greedy_cap_ = n_rows;
     }
     void *scratch = greedy_dev_;
@@ -490,18 +503,10 @@ class CudaExec final : public Exec {
       if (sample_dev_bytes_ < keys_at + keys || sample_cap_ < n_rows) {
         const size_t cap_rows = size_t(std::max(n_rows, sample_cap_));
         const size_t bytes = std::max(keys_at + keys, sample_dev_bytes_);
-        void *p = nullptr;
-        if (Status st = alloc(&p, bytes, "sampling scratch"); !st.is_ok()) return fail(st);
-        Result<void *> h = cuda::host_alloc_pinned(2 * cap_rows * sizeof(DrawSpec));
-        if (!h) {
-          cuda::device_free(p);
-          return fail(on_device(h.status(), name_, "allocating pinned host memory"));
-        }
-        retired_.push_back(sample_dev_);
-        retired_host_.push_back(host_specs_);
-        sample_dev_ = p;
+        void *h = host_specs_;
+        if (!regrow(&sample_dev_, bytes, &h, 2 * cap_rows * sizeof(DrawSpec), "sampling scratch")) return;
         sample_dev_bytes_ = bytes;
-        host_specs_ = static_cast<DrawSpec *>(*h);
+        host_specs_ = static_cast<DrawSpec *>(h);
         sample_cap_ = int(cap_rows);
       }
       // The specs (their uniforms change every step) go up with the step, before its graph;
