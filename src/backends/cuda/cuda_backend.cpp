@@ -370,12 +370,12 @@ class CudaExec final : public Exec {
     run(cuda::upload_async(step_, hs, step_tokens_bytes_ + seqs_.size() * sizeof(int64_t), stream_),
         "uploading the step");
     if (feed) {
-      // The row's token is the last step's greedy token: copied on the device, after the
+      // The row's token is the last step's drawn token: copied on the device, after the
       // upload and before the ops (stream order), so the host need not know it yet.
       if (n_rows != 1 || last_greedy_.n != 1) {
         fail(Status(GEIST_E_INTERNAL, "a fed step needs one row after a one-row step that drew its token"));
       } else {
-        run(cuda::copy_async(step_, last_greedy_.dev, sizeof(int32_t), stream_), "feeding the greedy token");
+        run(cuda::copy_async(step_, last_greedy_.dev, sizeof(int32_t), stream_), "feeding the drawn token");
       }
     }
     if (host_times_.on) host_times_.staged();
@@ -424,11 +424,6 @@ class CudaExec final : public Exec {
     return HostFloats(static_cast<float *>(*p), [](float *q) { cuda::host_free_pinned(q); });
   }
 
-  // The tokens a step draws, and a download of 4 bytes a row, so that a session whose draws
-  // a step computes does not read its 1 MiB logits row on the host: two kernels after the
-  // logits for greedy rows (cuda::greedy_rows), and for sampled rows the top-k levels and
-  // the pick (cuda::sample_rows; 2 kernels at a 262144-token vocabulary and top-k <= 64),
-  // their specs uploaded with the step.
   // Replaces *dev (device memory) and *host (pinned) with new ones of dev_bytes and
   // host_bytes; the old ones are retired (freed at the step's end, after the device is done
   // with them). False, with the step failed and both left as they were, if either fails.
@@ -453,11 +448,17 @@ class CudaExec final : public Exec {
   // Sampled draws on the device for sessions: off by default until measured on a GPU
   // (GEIST_CUDA_SAMPLE=1 on; the kernels' op test and the model tests run them either way).
   bool draws_sampled() const override { return sample_; }
+  // The tokens a step draws, and a download of 4 bytes a row, so that a session whose draws
+  // a step computes does not read its 1 MiB logits row on the host: two kernels after the
+  // logits for greedy rows (cuda::greedy_rows), and for sampled rows the top-k levels and
+  // the pick (cuda::sample_rows; 2 kernels at a 262144-token vocabulary and top-k <= 64),
+  // their specs uploaded with the step.
   void draw(Act x, int n_rows, StepDraw *const *rows) override {
     if (n_rows <= 0) return;
     bool any_greedy = false;
     int max_k = 0;
-    std::vector<int32_t *> hosts(size_t(n_rows), nullptr);
+    std::vector<int32_t *> &hosts = greedy_hosts_;  // the step's token hosts (end_step writes them)
+    hosts.assign(size_t(n_rows), nullptr);
     draw_specs_.assign(size_t(n_rows), DrawSpec{});  // temperature 0: not sampled here
     for (int r = 0; r < n_rows; ++r) {
       if (rows[r] == nullptr) continue;
@@ -522,7 +523,6 @@ class CudaExec final : public Exec {
              [=, s = stream_] { return cuda::sample_rows(x.p, x.width, n_rows, dspec, k, tok, keys_p, s); });
     }
     greedy_out_ = {tok, n_rows};
-    greedy_hosts_ = std::move(hosts);
   }
 
   Status end_step() override {
