@@ -292,8 +292,14 @@ TEST(CudaModel, DecodeBatchEqualsDecodingAlone) {
     test::expect_decode_batch_equals_alone(*gpu, base(paths[i]), 1);
     test::expect_mixed_step_equals_alone(*gpu, base(paths[i]));
     test::expect_draws_follow_the_logits(*gpu, base(paths[i]), 1);  // sampled draws on the host
+    test::expect_batch_rows_outlive_the_lead(*gpu, base(paths[i]), 1);
     test::EnvGuard on("GEIST_CUDA_SAMPLE", "1");
     test::expect_draws_follow_the_logits(*gpu, base(paths[i]), 1);  // and on the device
+    // Batched steps leaving the rows on the device (off by default until measured).
+    test::EnvGuard lazy("GEIST_CUDA_BATCH_LAZY", "1");
+    test::expect_decode_batch_equals_alone(*gpu, base(paths[i]), 1);
+    test::expect_batch_rows_outlive_the_lead(*gpu, base(paths[i]), 1);
+    test::expect_draws_follow_the_logits(*gpu, base(paths[i]), 1);
   }
 }
 

@@ -307,4 +307,63 @@ inline void expect_draws_follow_the_logits(const Model &m, const std::string &wh
   sampled_steps("after");
 }
 
+// A batched step's logits rows stay with each session (on a device, in its own exec: the
+// lead's next step, or the lead's end, must not take them): after decode_batch the lead
+// decodes alone, is freed, and the others' logits, a snapshot of one and their next batched
+// step still equal those of twins decoding alone.
+inline void expect_batch_rows_outlive_the_lead(const Model &m, const std::string &what, int threads) {
+  const size_t nv = size_t(m.info().n_vocab);
+  constexpr int kN = 3;
+  std::vector<std::unique_ptr<Session>> t, a;  // together, alone
+  for (int i = 0; i < kN; ++i) {
+    for (auto *set : {&t, &a}) {
+      set->push_back(batch_session(m, 16, threads, 2 * i));  // greedy: rows the step may keep
+      ASSERT_TRUE(set->back());
+      const std::vector<int32_t> ids = batch_ids(m, 9 + size_t(i), 50 + uint64_t(i));
+      ASSERT_TRUE(set->back()->prefill(ids.data(), ids.size()).is_ok());
+    }
+  }
+  auto same_logits = [&](int i, const char *when) {
+    const float *x = t[size_t(i)]->logits(), *y = a[size_t(i)]->logits();
+    ASSERT_TRUE(x != nullptr && y != nullptr) << what << " session " << i << " " << when;
+    EXPECT_EQ(0, std::memcmp(x, y, nv * sizeof(float))) << what << " session " << i << " " << when << ": logits differ";
+  };
+  auto batch = [&](std::vector<int> who, const char *when) {
+    std::vector<Session *> b;
+    for (int i : who) b.push_back(t[size_t(i)].get());
+    std::vector<int32_t> got(b.size(), -1);
+    ASSERT_TRUE(Session::decode_batch(b.data(), b.size(), got.data()).is_ok()) << what << " " << when;
+    for (size_t k = 0; k < who.size(); ++k) {
+      int32_t want = -1;
+      ASSERT_TRUE(a[size_t(who[k])]->decode_step(&want).is_ok());
+      EXPECT_EQ(got[k], want) << what << " session " << who[k] << " " << when;
+    }
+  };
+  auto alone = [&](int i) {
+    int32_t x = -1, y = -1;
+    ASSERT_TRUE(t[size_t(i)]->decode_step(&x).is_ok());
+    ASSERT_TRUE(a[size_t(i)]->decode_step(&y).is_ok());
+    EXPECT_EQ(x, y) << what << " session " << i << " alone";
+  };
+  batch({0, 1, 2}, "the first batch");
+  alone(0);  // the lead's exec runs a step of its own
+  same_logits(1, "after the lead's own step");
+  t[0].reset();  // and goes
+  same_logits(2, "after the lead was freed");
+  batch({2, 1}, "the second batch");
+  alone(2);
+  std::vector<uint8_t> image(t[1]->snapshot_size());
+  size_t n = 0;
+  ASSERT_TRUE(t[1]->snapshot(image.data(), image.size(), &n).is_ok()) << what;
+  std::unique_ptr<Session> r = batch_session(m, 16, threads, 2);
+  ASSERT_TRUE(r && r->restore(image.data(), n).is_ok()) << what;
+  const float *x = r->logits(), *y = a[1]->logits();
+  ASSERT_TRUE(x != nullptr && y != nullptr);
+  EXPECT_EQ(0, std::memcmp(x, y, nv * sizeof(float))) << what << ": the restored snapshot's logits differ";
+  same_logits(1, "after a snapshot");
+  batch({1, 2}, "the third batch");
+  same_logits(1, "after the third batch");
+  same_logits(2, "after the third batch");
+}
+
 }  // namespace geist::test

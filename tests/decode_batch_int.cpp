@@ -45,6 +45,14 @@ TEST(DecodeBatch, DrawsFollowTheLogits) {
   }
 }
 
+TEST(DecodeBatch, RowsOutliveTheLead) {
+  for (const char *rel : kModels) {
+    std::unique_ptr<Model> m = load(rel);
+    ASSERT_TRUE(m);
+    test::expect_batch_rows_outlive_the_lead(*m, rel, 2);
+  }
+}
+
 TEST(DecodeBatch, SequencesOfSeveralRowsInOneStep) {
   for (const char *rel : kModels) {
     std::unique_ptr<Model> m = load(rel);

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One device call for the sampled draws on the device (CUDA.md, "Sampled draws on the device,
-# queued"; GEIST_CUDA_SAMPLE=1 turns them on for sessions): the kernels' op test, the
-# CudaModel draw and queue tests (they set the knob themselves), generation with greedy and
-# sampled draws (on the device queued, on the device waited, on the host as by default), then
+# queued"; GEIST_CUDA_SAMPLE=1 turns them on for sessions) and the batched steps' rows left on
+# the device (CUDA.md, "Batched steps leave their logits rows on the device";
+# GEIST_CUDA_BATCH_LAZY=1): the kernels' op test, the CudaModel draw, batch and queue tests
+# (they set the knobs themselves), generation with greedy and sampled draws (on the device
+# queued, on the host as by default), `bench batch` with and without the batch knob, then
 # llama.cpp side by side on E4B if .gpu-carry/llama-bench.xz was carried, and the queue tests
 # on the synthetic geometries. Run from the checkout here:
 #   bash scripts/device/pack.sh
@@ -18,12 +20,19 @@ waitmodels
 step "generation, 256 tokens (left $(left))"
 for r in 1 2; do
   for m in g3 e4b; do
-    for v in "greedy:0:" "sampled-device:0.8:GEIST_CUDA_SAMPLE=1" "sampled-device-waited:0.8:GEIST_CUDA_SAMPLE=1 GEIST_CUDA_QUEUE=0" \
-             "sampled-host:0.8:GEIST_CUDA_SAMPLE=0"; do
+    for v in "greedy:0:" "sampled-device:0.8:GEIST_CUDA_SAMPLE=1" "sampled-host:0.8:GEIST_CUDA_SAMPLE=0"; do
       IFS=: read -r name t envs <<< "$v"
       # shellcheck disable=SC2086
       env $envs timeout 30 "$G" run --backend cuda -m /tmp/$m.gguf -p "The quick brown fox" -n 256 --temp "$t" -s 42 --ignore-eos > /tmp/out.txt 2>/tmp/err.txt
       echo "$m $name: $(grep -o 'decode [0-9]* tokens.*tokens/s)' /tmp/err.txt) md5 $(md5sum < /tmp/out.txt | cut -c1-12)"
+    done
+  done
+done
+step "bench batch, rows left on the device off / on (left $(left))"
+for r in 1 2; do
+  for m in g3 e4b; do
+    for bl in 0 1; do
+      echo "$m BATCH_LAZY=$bl: $(GEIST_CUDA_BATCH_LAZY=$bl timeout 40 "$G" bench batch --backend cuda -m /tmp/$m.gguf -S 1,8 -n 32 -p 32 -r 2 2>&1 | grep -E "^\| +[0-9]" | tr '\n' ' ' | cut -c1-400)"
     done
   done
 done

@@ -120,6 +120,19 @@ class Exec {
   virtual void defer_outputs(bool /*on*/) {}
   virtual bool outputs_deferred() const { return false; }
   virtual Status fetch_outputs() { return Status::ok(); }
+  // After a step of several sessions whose outputs were deferred: hands each deferred row
+  // whose host buffer is hosts[i] to owners[i], the exec of the session it belongs to, which
+  // then holds it as its own deferred output (a copy on the device: its fetch_outputs copies
+  // it to the same host buffer, its next begin_step drops it); kept[i] says so. A row whose
+  // owner is null (its session reads the row: copy it now), or that cannot be handed on, is
+  // copied to its host buffer here. Waits for the copies; on an error nothing stays deferred
+  // here or with the owners. The owners must be idle (no step queued) and of this backend.
+  // hands_off_outputs(): whether a step of several sessions should defer its outputs for it.
+  virtual bool hands_off_outputs() const { return false; }
+  virtual Status hand_off_outputs(float *const * /*hosts*/, Exec *const * /*owners*/, size_t n, bool *kept) {
+    for (size_t i = 0; i < n; ++i) kept[i] = false;
+    return Status::ok();
+  }
   // Queued steps, for a backend whose steps run while the host goes on (CUDA). A decode
   // step that draws its own token need not wait for its own result: the next step takes its token
   // from it on the device, so the host records step n+1 while the device runs step n.

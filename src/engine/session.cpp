@@ -291,6 +291,25 @@ Status Session::sync_for_draw() const {
   return draws_step_token() ? Status::ok() : sync_logits();
 }
 
+namespace {
+// Exec::defer_outputs(true) for the next step, and off again after it, also when the
+// forward pass throws (bad_alloc): later steps must not defer. Null: nothing.
+class DeferOutputs {
+ public:
+  explicit DeferOutputs(Exec *e) : e_(e) {
+    if (e_) e_->defer_outputs(true);
+  }
+  ~DeferOutputs() {
+    if (e_) e_->defer_outputs(false);
+  }
+  DeferOutputs(const DeferOutputs &) = delete;
+  DeferOutputs &operator=(const DeferOutputs &) = delete;
+
+ private:
+  Exec *e_;
+};
+}  // namespace
+
 Status Session::forward_one(const int32_t *tokens, int rows, int first_row, float *dst, StepDraw *draw,
                             bool may_defer) {
   // Whatever was deferred is overwritten by this step.
@@ -299,13 +318,7 @@ Status Session::forward_one(const int32_t *tokens, int rows, int first_row, floa
   // makes a greedy sampler's draws read the row once there is history).
   const bool defer =
       may_defer && draw != nullptr && dst == logits_.get() && sampler_.params().repeat_penalty == 1.0f;
-  struct Undefer {  // also when forward throws (bad_alloc): later steps must not defer
-    Exec *e;
-    ~Undefer() {
-      if (e) e->defer_outputs(false);
-    }
-  } undefer{defer ? exec_.get() : nullptr};
-  if (defer) exec_->defer_outputs(true);
+  const DeferOutputs scope(defer ? exec_.get() : nullptr);
   Status st = model_.arch().forward(tokens, rows, *cache_, *exec_, first_row, dst, draw != nullptr ? &draw : nullptr);
   if (defer) logits_on_device_ = st.is_ok() && exec_->outputs_deferred();
   return st;
@@ -547,10 +560,29 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
     draws[i] = s.draw_target();
     s.step_draw_.token = -1;
   }
-  models::ArchModel::LogitRows lr;
-  lr.seq_out = logits.data();
-  lr.draws = draws.data();
-  const Status st = lead.model_.arch().forward(toks.data(), seqs.data(), int(n), *lead.exec_, lr);
+  // As forward_one: a session whose next draw is the step's token whatever its history
+  // need not read its row, so the row may stay on the device, handed to the session's own
+  // exec after the step (Exec::hand_off_outputs); the others' rows come to the host.
+  std::vector<Exec *> owners(n, nullptr);
+  bool any_deferred = false;
+  for (size_t i = 0; i < n && lead.exec_->hands_off_outputs(); ++i) {
+    if (draws[i] != nullptr && sessions[i]->sampler_.params().repeat_penalty == 1.0f) {
+      owners[i] = sessions[i]->exec_.get();
+      any_deferred = true;
+    }
+  }
+  std::unique_ptr<bool[]> kept(new bool[n]());
+  Status st;
+  {
+    const DeferOutputs scope(any_deferred ? lead.exec_.get() : nullptr);
+    models::ArchModel::LogitRows lr;
+    lr.seq_out = logits.data();
+    lr.draws = draws.data();
+    st = lead.model_.arch().forward(toks.data(), seqs.data(), int(n), *lead.exec_, lr);
+  }
+  if (st.is_ok() && lead.exec_->outputs_deferred()) {
+    st = lead.exec_->hand_off_outputs(logits.data(), owners.data(), n, kept.get());
+  }
   if (!st.is_ok()) {
     for (size_t i = 0; i < n; ++i) sessions[i]->recover(seqs[i].n_rows);
     return st;
@@ -562,7 +594,7 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
     const size_t m = n_tokens[i];
     s.tokens_.insert(s.tokens_.end(), toks.begin() + r, toks.begin() + r + (m > 0 ? m : 1));
     s.has_logits_ = true;
-    s.logits_on_device_ = false;  // the step wrote them to the host (its own exec's deferred row is stale)
+    s.logits_on_device_ = kept[i];  // on its own exec's device memory, or written to the host
     if (m > 0) {
       for (size_t k = 0; k < m; ++k) s.sampler_.accept(toks[r + k]);
       s.stats_.last_prefill_seconds = seconds;  // the step's wall time, which each session waited

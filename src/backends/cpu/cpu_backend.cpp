@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <new>
 #include <string>
@@ -198,6 +199,12 @@ class CpuExec final : public Exec {
     // on a GPU. GEIST_CPU_INJECT_WAIT_FAULT=N: the N-th wait fails as a device error would.
     const char *q = std::getenv("GEIST_CPU_QUEUE");
     emulate_queue_ = q != nullptr && std::strcmp(q, "1") == 0;
+    // GEIST_CPU_DEFER=1 (tests): deferred outputs emulated (Exec::defer_outputs), as the CUDA
+    // exec's lazy logits: a deferred row stays in this exec (its host buffer is filled with
+    // NaN meanwhile, so a read that skipped fetch_outputs shows) until fetch_outputs, and a
+    // step of several sessions hands each its row (hand_off_outputs).
+    const char *d = std::getenv("GEIST_CPU_DEFER");
+    emulate_defer_ = d != nullptr && std::strcmp(d, "1") == 0;
     if (const char *e = std::getenv("GEIST_CPU_INJECT_WAIT_FAULT")) inject_wait_at_ = std::strtoll(e, nullptr, 10);
   }
   ~CpuExec() override {
@@ -226,6 +233,8 @@ class CpuExec final : public Exec {
   int max_rows() const override { return max_rows_; }
   void begin_step(const int32_t *tokens, int n_rows, const StepSeq *seqs, int n_seqs) override {
     row_hosts_.clear();
+    out_host_ = nullptr;
+    deferred_.clear();  // this step overwrites them
     tokens_ = tokens;
     step_error_ = Status::ok();
     draw_writes_.clear();
@@ -256,7 +265,12 @@ class CpuExec final : public Exec {
     for (const Seq &q : seqs_) t.fill(q.pos0, q.n, cs.rows_from(q.row0).p);
     return cs;
   }
-  Act output(float *host, int64_t width, int) override { return {host, width}; }
+  Act output(float *host, int64_t width, int n_rows) override {
+    if (!defer_) return {host, width};
+    out_scratch_.resize(size_t(n_rows) * size_t(width));  // kept here at end_step (deferred)
+    out_host_ = host;
+    return {out_scratch_.data(), width};
+  }
   // Rows to separate buffers: computed into a scratch of the step's rows, copied at end_step.
   Act output_rows(float *const *hosts, int64_t width, int n_rows) override {
     rows_out_.resize(size_t(n_rows) * size_t(width));
@@ -305,12 +319,22 @@ class CpuExec final : public Exec {
     last_drawn_ = n_rows == 1 && draw_writes_.size() == 1 ? draw_writes_[0].second : -1;
   }
   Status end_step() override {
-    const bool queue = queue_next_;
+    const bool queue = queue_next_, defer = defer_;
     queue_next_ = false;
-    for (size_t r = 0; r < row_hosts_.size(); ++r) {
-      std::memcpy(row_hosts_[r], rows_out_.data() + r * size_t(row_width_), size_t(row_width_) * sizeof(float));
+    defer_ = false;  // one step per defer_outputs(true)
+    if (defer && step_error_.is_ok()) {
+      for (size_t r = 0; r < row_hosts_.size(); ++r) {
+        const float *row = rows_out_.data() + r * size_t(row_width_);
+        keep(row_hosts_[r], row, size_t(row_width_));
+      }
+      if (out_host_ != nullptr) keep(out_host_, out_scratch_.data(), out_scratch_.size());
+    } else {
+      for (size_t r = 0; r < row_hosts_.size(); ++r) {
+        std::memcpy(row_hosts_[r], rows_out_.data() + r * size_t(row_width_), size_t(row_width_) * sizeof(float));
+      }
     }
     row_hosts_.clear();
+    out_host_ = nullptr;
     if (!step_error_.is_ok()) {
       drop_queued();
       return step_error_;
@@ -325,6 +349,36 @@ class CpuExec final : public Exec {
     return Status::ok();
   }
 
+  void defer_outputs(bool on) override { defer_ = on && emulate_defer_; }
+  bool outputs_deferred() const override { return !deferred_.empty(); }
+  Status fetch_outputs() override {
+    for (Deferred &d : deferred_) std::copy(d.row.begin(), d.row.end(), d.host);
+    deferred_.clear();
+    return Status::ok();
+  }
+  bool hands_off_outputs() const override { return emulate_defer_; }
+  Status hand_off_outputs(float *const *hosts, Exec *const *owners, size_t n, bool *kept) override {
+    for (size_t i = 0; i < n; ++i) kept[i] = false;
+    std::vector<Deferred> rows;
+    rows.swap(deferred_);
+    for (Deferred &d : rows) {
+      size_t i = 0;
+      while (i < n && hosts[i] != d.host) ++i;
+      auto *to = i < n ? dynamic_cast<CpuExec *>(owners[i]) : nullptr;
+      if (to == nullptr) {
+        std::copy(d.row.begin(), d.row.end(), d.host);
+        continue;
+      }
+      kept[i] = true;
+      if (to == this) {
+        deferred_.push_back(std::move(d));
+      } else {
+        to->deferred_.clear();  // its own rows are older than this one
+        to->deferred_.push_back(std::move(d));
+      }
+    }
+    return Status::ok();
+  }
   bool can_queue() const override { return emulate_queue_; }
   void queue_next_step() override { queue_next_ = emulate_queue_; }
   void feed_drawn() override { feed_next_ = true; }
@@ -458,6 +512,19 @@ class CpuExec final : public Exec {
   int max_rows_;
   std::vector<std::vector<float>> bufs_;
   std::vector<float> rows_out_;      // output_rows: the step's rows, copied out at end_step
+  // GEIST_CPU_DEFER=1: the deferred outputs (defer_outputs), and output()'s rows while deferring.
+  struct Deferred {
+    float *host;
+    std::vector<float> row;
+  };
+  void keep(float *host, const float *row, size_t n) {
+    deferred_.push_back({host, std::vector<float>(row, row + n)});
+    std::fill_n(host, n, std::numeric_limits<float>::quiet_NaN());
+  }
+  std::vector<Deferred> deferred_;
+  std::vector<float> out_scratch_;
+  float *out_host_ = nullptr;
+  bool emulate_defer_ = false, defer_ = false;
   std::vector<std::pair<int, DrawSpec>> draw_rows_;  // draw: the rows wanted
   std::vector<std::vector<std::pair<float, int32_t>>> draw_cand_;  // and their sampled draws' scratch
   std::vector<std::vector<double>> draw_pr_;
