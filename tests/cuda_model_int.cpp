@@ -284,22 +284,22 @@ TEST(CudaModel, BatchInvariantBitForBit) {
 // Sessions decoding together in one step (Session::decode_batch), and sequences of several
 // rows sharing a step: each bit-identical to running alone, on the device; the greedy
 // tokens computed on the device are the scan's argmax of the downloaded logits, and the
-// sampled ones the host's draw on them (also a session's, GEIST_CUDA_SAMPLE=1).
+// sampled ones the host's draw on them. By default a session's sampled draws are the
+// step's and a batched step leaves the rows on the device; then again with both off
+// (GEIST_CUDA_SAMPLE=0: sampled draws on the host; GEIST_CUDA_BATCH_LAZY=0: rows to the host).
 TEST(CudaModel, DecodeBatchEqualsDecodingAlone) {
   const std::vector<std::string> paths = model_paths();
   for (size_t i = 0; i < kCommittedModels; ++i) {
     LOAD_CUDA_OR_SKIP(gpu, paths[i]);
     test::expect_decode_batch_equals_alone(*gpu, base(paths[i]), 1);
     test::expect_mixed_step_equals_alone(*gpu, base(paths[i]));
-    test::expect_draws_follow_the_logits(*gpu, base(paths[i]), 1);  // sampled draws on the host
-    test::expect_batch_rows_outlive_the_lead(*gpu, base(paths[i]), 1);
-    test::EnvGuard on("GEIST_CUDA_SAMPLE", "1");
-    test::expect_draws_follow_the_logits(*gpu, base(paths[i]), 1);  // and on the device
-    // Batched steps leaving the rows on the device (off by default until measured).
-    test::EnvGuard lazy("GEIST_CUDA_BATCH_LAZY", "1");
-    test::expect_decode_batch_equals_alone(*gpu, base(paths[i]), 1);
-    test::expect_batch_rows_outlive_the_lead(*gpu, base(paths[i]), 1);
     test::expect_draws_follow_the_logits(*gpu, base(paths[i]), 1);
+    test::expect_batch_rows_outlive_the_lead(*gpu, base(paths[i]), 1);
+    test::EnvGuard host("GEIST_CUDA_SAMPLE", "0");
+    test::EnvGuard eager("GEIST_CUDA_BATCH_LAZY", "0");
+    test::expect_decode_batch_equals_alone(*gpu, base(paths[i]), 1);
+    test::expect_draws_follow_the_logits(*gpu, base(paths[i]), 1);
+    test::expect_batch_rows_outlive_the_lead(*gpu, base(paths[i]), 1);
   }
 }
 
@@ -494,7 +494,7 @@ TEST(CudaModel, QueuedDecodeEqualsWaitedDecode) {
   for (const std::string &path : model_paths()) {
     LOAD_CUDA_OR_SKIP(gpu, path);
     test::expect_queued_equals_waited(*gpu, base(path), random_ids(*gpu, 27, 5), "GEIST_CUDA_QUEUE", "1", "0");
-    test::EnvGuard on("GEIST_CUDA_SAMPLE", "1");  // sampled draws on the device (off by default)
+    test::EnvGuard on("GEIST_CUDA_SAMPLE", "1");  // sampled draws on the device (the default)
     test::expect_queued_equals_waited(*gpu, base(path), random_ids(*gpu, 27, 5), "GEIST_CUDA_QUEUE", "1", "0",
                                       test::sampled_sampling());
   }

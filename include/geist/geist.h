@@ -293,7 +293,7 @@ GEIST_API geist_status geist_session_decode_step(geist_session *s, geist_token *
 
 /* On a GPU a session's decode step may return once its forward pass is queued, where the
  * step draws the next token itself (greedy; sampling with top_k 1..256 and no repeat
- * penalty too where the backend draws it, on CUDA with GEIST_CUDA_SAMPLE=1 for now: the
+ * penalty too where the backend draws it, as CUDA does unless GEIST_CUDA_SAMPLE=0: the
  * same token the host would draw): the next
  * decode step takes the token from it on the device, so the host prepares each step
  * while the device runs the one before, and any call that reads or changes the session's

@@ -98,8 +98,8 @@ class Exec {
   // logits row on the host. The specs are read during the call.
   virtual void draw(Act x, int n_rows, StepDraw *const *rows) = 0;
   // Whether a session lets this exec's steps draw its sampled tokens (every exec runs draw's
-  // sampled rows; this only says whether a session asks). The CUDA exec's are off until
-  // measured on a GPU (GEIST_CUDA_SAMPLE=1 on); greedy draws are always the step's.
+  // sampled rows; this only says whether a session asks). GEIST_CUDA_SAMPLE=0 turns the CUDA
+  // exec's off; greedy draws are always the step's.
   virtual bool draws_sampled() const { return true; }
   // Host memory for outputs of n floats, zeroed, that this exec downloads into fastest
   // (page-locked on CUDA: a 1 MiB logits row comes back in 27 us instead of 130 on the

@@ -243,9 +243,9 @@ class CudaExec final : public Exec {
     const char *q = std::getenv("GEIST_CUDA_QUEUE");
     queue_ = !(q != nullptr && std::strcmp(q, "0") == 0) && !profile_;
     const char *sd = std::getenv("GEIST_CUDA_SAMPLE");  // draws_sampled()
-    sample_ = sd != nullptr && std::strcmp(sd, "1") == 0;
+    sample_ = !(sd != nullptr && std::strcmp(sd, "0") == 0);
     const char *bl = std::getenv("GEIST_CUDA_BATCH_LAZY");  // hands_off_outputs()
-    batch_lazy_ = bl != nullptr && std::strcmp(bl, "1") == 0;
+    batch_lazy_ = !(bl != nullptr && std::strcmp(bl, "0") == 0);
     if (const char *e = std::getenv("GEIST_CUDA_INJECT_WAIT_FAULT")) inject_wait_at_ = std::strtoll(e, nullptr, 10);
     ops_.reserve(2048);
   }
@@ -447,8 +447,10 @@ class CudaExec final : public Exec {
     *host = *h;
     return true;
   }
-  // Sampled draws on the device for sessions: off by default until measured on a GPU
-  // (GEIST_CUDA_SAMPLE=1 on; the kernels' op test and the model tests run them either way).
+  // Sampled draws on the device for sessions (GEIST_CUDA_SAMPLE=0: on the host). H100,
+  // 2026-12-07, `geist run` 256 tokens, temp 0.8 / top-k 40, two runs: 270M 1211 / 1213 t/s
+  // against 1037 / 969 on the host (greedy 1360 / 1367), E4B 329 / 330 against 310 / 309
+  // (greedy 338 / 339), the same text.
   bool draws_sampled() const override { return sample_; }
   // The tokens a step draws, and a download of 4 bytes a row, so that a session whose draws
   // a step computes does not read its 1 MiB logits row on the host: two kernels after the
@@ -629,8 +631,10 @@ class CudaExec final : public Exec {
   // A step of several sessions leaves the rows of those that draw their token in it on the
   // device too, each copied into its own session's exec (1 MiB device to device in ~1 us,
   // against ~27-40 us to the host a row, after the step, on its critical path: 8 sessions'
-  // rows took ~0.2-0.3 ms of every batched step). GEIST_CUDA_BATCH_LAZY=1 on: off by default
-  // until a GPU has run it; GEIST_CUDA_LAZY_LOGITS=0 turns it off with the one-session kind.
+  // rows took ~0.2-0.3 ms of every batched step). GEIST_CUDA_BATCH_LAZY=0 turns it off,
+  // GEIST_CUDA_LAZY_LOGITS=0 too with the one-session kind. H100, 2026-12-07, `bench batch`
+  // 8 sessions, two rounds: 270M step 1.563 / 1.623 -> 1.428 / 1.442 ms, E4B 4.79 / 4.69 ->
+  // 4.78 / 4.76 (unchanged).
   bool hands_off_outputs() const override { return batch_lazy_; }
   Status hand_off_outputs(float *const *hosts, Exec *const *owners, size_t n, bool *kept) override {
     for (size_t i = 0; i < n; ++i) kept[i] = false;
@@ -1403,8 +1407,8 @@ class CudaExec final : public Exec {
   size_t sample_dev_bytes_ = 0;
   DrawSpec *host_specs_ = nullptr;
   int sample_cap_ = 0;
-  bool batch_lazy_ = false;  // GEIST_CUDA_BATCH_LAZY=1: batched steps leave rows on the device
-  bool sample_ = false;  // GEIST_CUDA_SAMPLE=1: sessions let the steps draw sampled tokens
+  bool batch_lazy_ = true;  // GEIST_CUDA_BATCH_LAZY=0: batched steps copy every row to the host
+  bool sample_ = true;  // sessions let the steps draw sampled tokens (GEIST_CUDA_SAMPLE=0: the host draws)
   std::vector<DrawSpec> draw_specs_;
   std::vector<void *> retired_host_;  // pinned buffers replaced during a step
   void *attn_counters_ = nullptr;
