@@ -13,9 +13,7 @@ models
 step "op tests"
 timeout 60 "$OPS" --gtest_filter='CudaOps.SampleRows*:CudaOps.GreedyRows*' 2>&1 | grep -E "OK \]|FAILED|Failure"
 step "CudaModel.*, committed models, defaults (left $(left))"
-timeout 200 "$MOD" 2>&1 | grep -E "OK \]|FAILED|Failure|Expected|Which|PASSED|SKIPPED" | head -40
-step "CudaModel.*, committed models, GEIST_CUDA_SAMPLE=0 GEIST_CUDA_BATCH_LAZY=0 (left $(left))"
-GEIST_CUDA_SAMPLE=0 GEIST_CUDA_BATCH_LAZY=0 timeout 200 "$MOD" 2>&1 | grep -E "FAILED|Failure|Expected|Which|PASSED" | head -20
+timeout 180 "$MOD" 2>&1 | grep -E "OK \]|FAILED|Failure|Expected|Which|PASSED|SKIPPED" | head -40
 waitmodels
 step "generation, 256 tokens (left $(left))"
 for m in g3 e4b; do
@@ -25,6 +23,8 @@ for m in g3 e4b; do
     echo "$m $name: $(grep -o 'decode [0-9]* tokens.*tokens/s)' /tmp/err.txt)"
   done
 done
+step "GEIST_PROFILE, 270M, 32 sampled tokens: the draw ops against the rest (left $(left))"
+GEIST_PROFILE=1 timeout 30 "$G" run --backend cuda -m /tmp/g3.gguf -p "The quick brown fox" -n 32 --temp 0.8 -s 42 --ignore-eos 2>&1 >/dev/null | grep -E "GEIST_PROFILE|sample|greedy|decode [0-9]" | head -8
 step "bench batch, defaults (left $(left))"
 for m in g3 e4b; do
   echo "$m: $(timeout 40 "$G" bench batch --backend cuda -m /tmp/$m.gguf -S 1,8 -n 32 -p 32 -r 2 2>&1 | grep -E "^\| +[0-9]" | tr '\n' ' ' | cut -c1-400)"
@@ -33,6 +33,8 @@ step "batch and queue tests on the geometries (left $(left))"
 [ "$(left)" -gt 90 ] && GEIST_CUDA_TEST_MODELS=/tmp/e4b.gguf:/tmp/g3.gguf timeout $(( $(left) - 70 )) "$MOD" \
   --gtest_filter='CudaModel.QueuedDecode*:CudaModel.DecodeBatch*:CudaModel.LogitsMatch*' 2>&1 | grep -E "OK \]|FAILED|Failure|Expected|Which" | head -30
 step "compare g3 (left $(left))"
-[ -n "$LB" ] && [ "$(left)" -gt 65 ] && timeout $(( $(left) - 5 )) python3 bench/compare_llamacpp --backend cuda --geist "$G" --llama-bench "$LB" \
+[ -n "$LB" ] && [ "$(left)" -gt 150 ] && timeout 70 python3 bench/compare_llamacpp --backend cuda --geist "$G" --llama-bench "$LB" \
   -m /tmp/g3.gguf -t 16 --rounds 2 --json "$OUT/cmp_g3.json" 2>&1 | grep -v "^round"
+step "CudaModel.*, committed models, GEIST_CUDA_SAMPLE=0 GEIST_CUDA_BATCH_LAZY=0 (left $(left))"
+[ "$(left)" -gt 40 ] && GEIST_CUDA_SAMPLE=0 GEIST_CUDA_BATCH_LAZY=0 timeout $(( $(left) - 5 )) "$MOD" 2>&1 | grep -E "FAILED|Failure|Expected|Which|PASSED" | head -20
 step done
