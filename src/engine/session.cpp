@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <new>
 
 #include "base/thread_pool.h"
 #include "base/timer.h"
@@ -511,12 +512,15 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
   std::vector<StepSeq> seqs(n);
   std::vector<float *> logits(n);
   std::vector<StepDraw *> draws(n);
+  std::vector<Exec *> owners(n, nullptr);  // the execs that may keep their session's row (below)
+  std::unique_ptr<bool[]> kept(new bool[n]());
   // The decoding sessions draw their tokens, each from its own logits with its own sampler,
   // over session 0's pool when there are several (a draw that is not the step's own token
   // reads 1 MiB of logits: ~80 us each, one after the other on this thread otherwise). Which
   // thread draws changes nothing.
   std::vector<int32_t> drawn(n, 0);
   std::vector<size_t> decoding;  // the draws that read their logits
+  decoding.reserve(n);
   for (size_t i = 0; i < n; ++i) {
     if (n_tokens[i] == 0) GEIST_RETURN_IF_ERROR(sessions[i]->sync_for_draw());
   }
@@ -563,7 +567,6 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
   // As forward_one: a session whose next draw is the step's token whatever its history
   // need not read its row, so the row may stay on the device, handed to the session's own
   // exec after the step (Exec::hand_off_outputs); the others' rows come to the host.
-  std::vector<Exec *> owners(n, nullptr);
   bool any_deferred = false;
   for (size_t i = 0; i < n && lead.exec_->hands_off_outputs(); ++i) {
     if (draws[i] != nullptr && sessions[i]->sampler_.params().repeat_penalty == 1.0f) {
@@ -571,7 +574,6 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
       any_deferred = true;
     }
   }
-  std::unique_ptr<bool[]> kept(new bool[n]());
   Status st;
   {
     const DeferOutputs scope(any_deferred ? lead.exec_.get() : nullptr);
@@ -580,11 +582,16 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
     lr.draws = draws.data();
     st = lead.model_.arch().forward(toks.data(), seqs.data(), int(n), *lead.exec_, lr);
   }
+  const bool advanced = st.is_ok();  // the step's rows are counted in every n_past
   if (st.is_ok() && lead.exec_->outputs_deferred()) {
-    st = lead.exec_->hand_off_outputs(logits.data(), owners.data(), n, kept.get());
+    try {
+      st = lead.exec_->hand_off_outputs(logits.data(), owners.data(), n, kept.get());
+    } catch (const std::bad_alloc &) {  // the rows are lost: as a failed step
+      st = GEIST_ERROR(GEIST_E_OUT_OF_MEMORY, "out of memory handing the step's logits rows on");
+    }
   }
   if (!st.is_ok()) {
-    for (size_t i = 0; i < n; ++i) sessions[i]->recover(seqs[i].n_rows);
+    for (size_t i = 0; i < n; ++i) sessions[i]->recover(advanced ? 0 : seqs[i].n_rows);
     return st;
   }
   const double seconds = t.seconds();

@@ -359,9 +359,9 @@ class CpuExec final : public Exec {
   bool hands_off_outputs() const override { return emulate_defer_; }
   Status hand_off_outputs(float *const *hosts, Exec *const *owners, size_t n, bool *kept) override {
     for (size_t i = 0; i < n; ++i) kept[i] = false;
-    std::vector<Deferred> rows;
-    rows.swap(deferred_);
-    for (Deferred &d : rows) {
+    size_t own = 0;  // this exec's own rows, compacted in place
+    for (size_t j = 0; j < deferred_.size(); ++j) {
+      Deferred &d = deferred_[j];
       size_t i = 0;
       while (i < n && hosts[i] != d.host) ++i;
       auto *to = i < n ? dynamic_cast<CpuExec *>(owners[i]) : nullptr;
@@ -371,12 +371,14 @@ class CpuExec final : public Exec {
       }
       kept[i] = true;
       if (to == this) {
-        deferred_.push_back(std::move(d));
+        if (own != j) deferred_[own] = std::move(d);
+        ++own;
       } else {
         to->deferred_.clear();  // its own rows are older than this one
         to->deferred_.push_back(std::move(d));
       }
     }
+    deferred_.resize(own);
     return Status::ok();
   }
   bool can_queue() const override { return emulate_queue_; }

@@ -639,17 +639,15 @@ class CudaExec final : public Exec {
   Status hand_off_outputs(float *const *hosts, Exec *const *owners, size_t n, bool *kept) override {
     for (size_t i = 0; i < n; ++i) kept[i] = false;
     if (deferred_.empty()) return Status::ok();
-    std::vector<Output> rows;
-    rows.swap(deferred_);
-    std::vector<CudaExec *> to(n, nullptr);  // whose deferred_ took a row (cleared on an error)
     Status st = on_device(cuda::set_device(device_), name_, "selecting the device");
-    for (const Output &o : rows) {
-      if (!st.is_ok()) break;
+    size_t own = 0;  // this exec's own rows, compacted in place (nothing here allocates but an owner's list)
+    for (size_t j = 0; j < deferred_.size() && st.is_ok(); ++j) {
+      const Output o = deferred_[j];
       size_t i = 0;
       while (i < n && hosts[i] != o.host) ++i;
       CudaExec *const x = i < n ? dynamic_cast<CudaExec *>(owners[i]) : nullptr;
       if (x == this) {
-        deferred_.push_back(o);
+        deferred_[own++] = o;
         kept[i] = true;
         continue;
       }
@@ -660,16 +658,18 @@ class CudaExec final : public Exec {
       }
       // On this stream, which waits below: the owner's own stream then finds it there.
       st = on_device(cuda::copy_async(dst, o.dev, o.bytes, stream_), name_, "handing a logits row on");
-      x->deferred_.assign(1, Output{o.host, dst, o.bytes});  // its own rows are older than this one
       kept[i] = true;
-      to[i] = x;
+      x->deferred_.assign(1, Output{o.host, dst, o.bytes});  // its own rows are older than this one
     }
+    deferred_.resize(own);
     const Status sync = on_device(cuda::stream_sync(stream_), name_, "handing logits rows on");
     if (st.is_ok()) st = sync;
     if (!st.is_ok()) {
       deferred_.clear();
       for (size_t i = 0; i < n; ++i) {
-        if (to[i] != nullptr) to[i]->deferred_.clear();
+        if (kept[i]) {
+          if (auto *x = dynamic_cast<CudaExec *>(owners[i])) x->deferred_.clear();
+        }
         kept[i] = false;
       }
     }
