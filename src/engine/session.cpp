@@ -309,16 +309,20 @@ class DeferOutputs {
  private:
   Exec *e_;
 };
+
+// Whether a step's logits row may stay on the device: the session's next draw is the
+// step's token whatever its history (a repeat penalty makes even a greedy sampler's draws
+// read the row once there is history).
+bool row_may_stay(const StepDraw *draw, const SamplerParams &p) {
+  return draw != nullptr && p.repeat_penalty == 1.0f;
+}
 }  // namespace
 
 Status Session::forward_one(const int32_t *tokens, int rows, int first_row, float *dst, StepDraw *draw,
                             bool may_defer) {
   // Whatever was deferred is overwritten by this step.
   logits_on_device_ = false;
-  // Only where the next draw is the step's token whatever the history (a repeat penalty
-  // makes a greedy sampler's draws read the row once there is history).
-  const bool defer =
-      may_defer && draw != nullptr && dst == logits_.get() && sampler_.params().repeat_penalty == 1.0f;
+  const bool defer = may_defer && dst == logits_.get() && row_may_stay(draw, sampler_.params());
   const DeferOutputs scope(defer ? exec_.get() : nullptr);
   Status st = model_.arch().forward(tokens, rows, *cache_, *exec_, first_row, dst, draw != nullptr ? &draw : nullptr);
   if (defer) logits_on_device_ = st.is_ok() && exec_->outputs_deferred();
@@ -568,8 +572,9 @@ Status Session::step_batch(Session *const *sessions, const int32_t *const *token
   // need not read its row, so the row may stay on the device, handed to the session's own
   // exec after the step (Exec::hand_off_outputs); the others' rows come to the host.
   bool any_deferred = false;
-  for (size_t i = 0; i < n && lead.exec_->hands_off_outputs(); ++i) {
-    if (draws[i] != nullptr && sessions[i]->sampler_.params().repeat_penalty == 1.0f) {
+  const bool hands_off = lead.exec_->hands_off_outputs();
+  for (size_t i = 0; i < n && hands_off; ++i) {
+    if (row_may_stay(draws[i], sessions[i]->sampler_.params())) {
       owners[i] = sessions[i]->exec_.get();
       any_deferred = true;
     }
