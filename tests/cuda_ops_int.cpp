@@ -1219,6 +1219,10 @@ CUDA_TEST(CudaOps, GreedyRowsIsTheScan) {
   std::printf("RESULT greedy_rows %d rows: the scan's index\n", cases);
 }
 
+// The two ways sample_rows finds a row's candidates (cuda::DrawAlgo): each must give the
+// host's token.
+const cu::DrawAlgo kDrawAlgos[] = {cu::DrawAlgo::kSort, cu::DrawAlgo::kSelect};
+
 // sample_rows (the sampled draw on the device) against the host's draw_sampled (what the
 // sampler runs) on the same rows and uniforms: random rows, ties everywhere, NaNs (sprinkled,
 // everywhere), -inf and signed zeros among the candidates, +inf (NaN weights), over widths
@@ -1278,15 +1282,19 @@ CUDA_TEST(CudaOps, SampleRowsEqualsTheHostDraw) {
         }
         if (max_k == 0) continue;
         for (int k : {max_k <= 64 ? 64 : 256, 256}) {
-          DevBuf dx(x), dspec(specs), dout(std::vector<int32_t>(size_t(rows), -5)),
-              dscratch(cu::sample_scratch_bytes(n, rows, k));
-          CU_OK(cu::sample_rows(dx.as<float>(), n, rows, dspec.as<DrawSpec>(), k, dout.as<int32_t>(), dscratch.as(), s));
-          const std::vector<int32_t> got = dout.get<int32_t>(size_t(rows));
-          for (int r = 0; r < rows; ++r) {
-            EXPECT_EQ(got[size_t(r)], want[size_t(r)]) << "width " << n << " row " << r << " of " << rows << " k " << k
-                                                     << " top_k " << specs[size_t(r)].top_k << " pattern "
-                                                     << (r + rows + round) % kPatterns;
-            ++cases;
+          for (cu::DrawAlgo algo : kDrawAlgos) {
+            DevBuf dx(x), dspec(specs), dout(std::vector<int32_t>(size_t(rows), -5)),
+                dscratch(cu::sample_scratch_bytes(n, rows, k));
+            CU_OK(cu::sample_rows(dx.as<float>(), n, rows, dspec.as<DrawSpec>(), k, dout.as<int32_t>(), dscratch.as(), s,
+                                  algo));
+            const std::vector<int32_t> got = dout.get<int32_t>(size_t(rows));
+            for (int r = 0; r < rows; ++r) {
+              EXPECT_EQ(got[size_t(r)], want[size_t(r)])
+                  << "width " << n << " row " << r << " of " << rows << " k " << k << " top_k "
+                  << specs[size_t(r)].top_k << " pattern " << (r + rows + round) % kPatterns << " algo "
+                  << (algo == cu::DrawAlgo::kSelect ? "select" : "sort");
+              ++cases;
+            }
           }
         }
       }
@@ -1304,9 +1312,11 @@ CUDA_TEST(CudaOps, SampleRowsEqualsTheHostDraw) {
     want.push_back(draw_sampled(row.data(), n, 256, 100.0f, 1.0f, 0.0f, specs.back().u, cand, pr));
   }
   DevBuf dx(x), dspec(specs), dout(size_t(64) * 4), dscratch(cu::sample_scratch_bytes(n, 64, 256));
-  CU_OK(cu::sample_rows(dx.as<float>(), n, 64, dspec.as<DrawSpec>(), 256, dout.as<int32_t>(), dscratch.as(), s));
-  const std::vector<int32_t> got = dout.get<int32_t>(64);
-  EXPECT_EQ(got, want);
+  for (cu::DrawAlgo algo : kDrawAlgos) {
+    CU_OK(cu::sample_rows(dx.as<float>(), n, 64, dspec.as<DrawSpec>(), 256, dout.as<int32_t>(), dscratch.as(), s, algo));
+    const std::vector<int32_t> got = dout.get<int32_t>(64);
+    EXPECT_EQ(got, want) << (algo == cu::DrawAlgo::kSelect ? "select" : "sort");
+  }
   EXPECT_GT(std::set<int32_t>(want.begin(), want.end()).size(), 40u) << "the sweep should reach many candidates";
   DevBuf d1(64);
   EXPECT_FALSE(cu::sample_rows(d1.as<float>(), 0, 1, d1.as<DrawSpec>(), 64, d1.as<int32_t>(), d1.as(), s).is_ok());

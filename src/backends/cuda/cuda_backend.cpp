@@ -244,6 +244,10 @@ class CudaExec final : public Exec {
     queue_ = !(q != nullptr && std::strcmp(q, "0") == 0) && !profile_;
     const char *sd = std::getenv("GEIST_CUDA_SAMPLE");  // draws_sampled()
     sample_ = !(sd != nullptr && std::strcmp(sd, "0") == 0);
+    // GEIST_CUDA_DRAW_SELECT=1: the sampled draws find each tile's candidates by a radix select
+    // instead of sorting the tile (cuda::DrawAlgo; off until measured on a GPU).
+    const char *ds = std::getenv("GEIST_CUDA_DRAW_SELECT");
+    draw_algo_ = ds != nullptr && std::strcmp(ds, "1") == 0 ? cuda::DrawAlgo::kSelect : cuda::DrawAlgo::kSort;
     const char *bl = std::getenv("GEIST_CUDA_BATCH_LAZY");  // hands_off_outputs()
     batch_lazy_ = !(bl != nullptr && std::strcmp(bl, "0") == 0);
     if (const char *e = std::getenv("GEIST_CUDA_INJECT_WAIT_FAULT")) inject_wait_at_ = std::strtoll(e, nullptr, 10);
@@ -523,8 +527,9 @@ class CudaExec final : public Exec {
       run(cuda::upload_async(dspec, hs, specs, stream_), "uploading the draws' parameters");
       // Every pointer the launch captures is in its key: a graph captured before either
       // buffer moved (a batch step of more rows grew one) is not replayed onto freed memory.
-      record("sample", key(18, x.p, x.width, n_rows, k, sample_dev_, tok),
-             [=, s = stream_] { return cuda::sample_rows(x.p, x.width, n_rows, dspec, k, tok, keys_p, s); });
+      const cuda::DrawAlgo algo = draw_algo_;
+      record("sample", key(18, x.p, x.width, n_rows, k, sample_dev_, tok, int(algo)),
+             [=, s = stream_] { return cuda::sample_rows(x.p, x.width, n_rows, dspec, k, tok, keys_p, s, algo); });
     }
     greedy_out_ = {tok, n_rows};
   }
@@ -1409,6 +1414,7 @@ class CudaExec final : public Exec {
   int sample_cap_ = 0;
   bool batch_lazy_ = true;  // GEIST_CUDA_BATCH_LAZY=0: batched steps copy every row to the host
   bool sample_ = true;  // sessions let the steps draw sampled tokens (GEIST_CUDA_SAMPLE=0: the host draws)
+  cuda::DrawAlgo draw_algo_ = cuda::DrawAlgo::kSort;  // GEIST_CUDA_DRAW_SELECT=1: kSelect
   std::vector<DrawSpec> draw_specs_;
   std::vector<void *> retired_host_;  // pinned buffers replaced during a step
   void *attn_counters_ = nullptr;

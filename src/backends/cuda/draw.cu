@@ -4,11 +4,15 @@
 //
 // The candidates are exact: each (value, id) is a 64-bit key that orders as the host's sort
 // does (value descending, then id ascending; NaN never a candidate, -0 equal to +0), and
-// blocks sort tiles of keys with a bitonic network and keep their best k, level by level,
-// until one tile is left. Keys are unique, so neither the tiling nor the sort's order of
-// compares changes which candidates come out, nor their order. The pick then runs
-// base/draw.h's arithmetic: the weights of the candidates in parallel, the sums and the
-// walk in candidate order on one thread, as the host runs them.
+// blocks keep the best k keys of tiles of keys, level by level, until one tile is left.
+// Keys are unique, so neither the tiling nor the order of the work changes which candidates
+// come out, nor their order. Two ways to keep a tile's best k (DrawAlgo): sort the tile
+// with a bitonic network (78 block barriers for 4096 keys) or select them by their bytes,
+// most significant first (a radix select: a histogram of the next byte among the keys that
+// share the bytes found so far, until the k-th best key is pinned down; ~2 barriers a byte,
+// usually 4 bytes), then sort only the k candidates of the last tile, by rank. The pick
+// then runs base/draw.h's arithmetic: the weights of the candidates in parallel, the sums
+// and the walk in candidate order on one thread, as the host runs them.
 #include <cuda_runtime.h>
 
 #include "backends/cuda/common.cuh"
@@ -135,6 +139,199 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- Selection by bytes (DrawAlgo::kSelect) ----
+
+constexpr int kPer = kTile / kThreads;  // keys a thread holds
+constexpr unsigned kAll = 0xffffffffu;
+
+struct SelectSmem {
+  unsigned hist[2][256];  // one pass's counts of the next byte, and the next pass's
+  unsigned nz;            // the block's nonzero keys
+  unsigned n_sel;         // keys gathered so far
+  uint64_t prefix;        // the bytes of the k-th best key found so far (the rest 0)
+  unsigned need;          // how many of the keys that share them are still to take
+  int done;               // every key that shares them is taken
+};
+
+// h[digit] += 1 for each lane where `active`, one atomic per distinct digit of the warp
+// (the top bytes of a row's keys are mostly the same few). Every lane of the warp calls it.
+__device__ __forceinline__ void hist_add(unsigned *h, unsigned digit, bool active) {
+  const unsigned act = __ballot_sync(kAll, active);
+  if (!active) return;
+  const unsigned peers = __match_any_sync(act, digit);
+  if ((peers & ((1u << (threadIdx.x & 31)) - 1)) == 0) atomicAdd(&h[digit], unsigned(__popc(peers)));
+}
+
+// The block's best `want` (>= 1) keys among the kTile keys its threads hold in v (0: no
+// key; every other key unique), in no particular order, to sel[0, n); returns n = the
+// smaller of want and the number of nonzero keys. Every thread of the block calls it, once.
+__device__ int select_top(const uint64_t (&v)[kPer], int want, uint64_t *sel, SelectSmem &sm) {
+  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
+  for (int i = int(threadIdx.x); i < 2 * 256; i += kThreads) sm.hist[i / 256][i % 256] = 0;
+  if (threadIdx.x == 0) {
+    sm.nz = 0;
+    sm.n_sel = 0;
+  }
+  __syncthreads();
+  // The nonzero keys, and every key's top byte.
+  unsigned c = 0;
+  for (int j = 0; j < kPer; ++j) {
+    c += v[j] != 0 ? 1u : 0u;
+    hist_add(sm.hist[0], unsigned(v[j] >> 56), true);
+  }
+  c = __reduce_add_sync(kAll, c);
+  if (lane == 0 && c != 0) atomicAdd(&sm.nz, c);
+  __syncthreads();
+  uint64_t thr = 1;  // the least key taken: with no more nonzero keys than wanted, all of them
+  if (sm.nz > unsigned(want)) {
+    // Then the want-th best key is nonzero, so exactly `want` keys are at or above it (the
+    // zeros are below every real key). Byte by byte from the top: the bin of the next byte
+    // that holds it among the keys sharing the bytes so far (scanned from the largest bin by
+    // warp 0), until every key in that bin is wanted (or the last byte: one key).
+    unsigned need = unsigned(want);
+    uint64_t prefix = 0;
+    int cur = 0;
+    for (int shift = 56;; shift -= 8) {
+      if (warp == 0) {
+        unsigned h[8], own = 0;
+        for (int b = 0; b < 8; ++b) {
+          h[b] = sm.hist[cur][8 * lane + b];
+          own += h[b];
+        }
+        unsigned upto = own;  // the keys in this lane's bins and those of the lanes above it
+        for (int off = 1; off < 32; off <<= 1) {
+          const unsigned y = __shfl_down_sync(kAll, upto, off);
+          if (lane + off < 32) upto += y;
+        }
+        unsigned above = upto - own;
+        for (int b = 7; b >= 0; --b) {  // exactly one bin of the warp holds the need-th key
+          if (above < need && need <= above + h[b]) {
+            sm.prefix = prefix | (uint64_t(8 * lane + b) << shift);
+            sm.need = need - above;
+            sm.done = h[b] == need - above || shift == 0;
+          }
+          above += h[b];
+        }
+        for (int b = lane; b < 256; b += 32) sm.hist[cur ^ 1][b] = 0;  // the next pass's
+      }
+      __syncthreads();
+      prefix = sm.prefix;
+      need = sm.need;
+      if (sm.done) break;  // the same for every thread
+      const uint64_t high = ~uint64_t(0) << shift;
+      for (int j = 0; j < kPer; ++j) {
+        hist_add(sm.hist[cur ^ 1], unsigned(v[j] >> (shift - 8)) & 0xFFu, (v[j] & high) == prefix);
+      }
+      cur ^= 1;
+      __syncthreads();
+    }
+    thr = prefix;  // the bytes below the last one found are 0: every key sharing it is >= thr
+  }
+  for (int j = 0; j < kPer; ++j) {
+    const bool take = v[j] >= thr;
+    const unsigned m = __ballot_sync(kAll, take);
+    unsigned base = 0;
+    if (lane == 0 && m != 0) base = atomicAdd(&sm.n_sel, unsigned(__popc(m)));
+    base = __shfl_sync(kAll, base, 0);
+    if (take) sel[base + unsigned(__popc(m & ((1u << lane) - 1)))] = v[j];
+  }
+  __syncthreads();
+  return int(sm.n_sel);
+}
+
+// Block (tile, row): the best k keys (at most the row's top_k of them, the rest 0) of
+// elements [tile * kTile, ...) of a sampled row, to out[row][tile * k ...].
+__global__ void __launch_bounds__(kThreads)
+    select_tiles_kernel(const float *__restrict__ x, int64_t width, const DrawSpec *__restrict__ specs, int k,
+                        uint64_t *__restrict__ out) {
+  __shared__ SelectSmem sm;
+  __shared__ uint64_t sel[kMaxK];
+  dev::pdl_start();
+  const DrawSpec &d = specs[blockIdx.y];
+  if (!(d.temperature > 0.0f)) return;  // not a sampled row
+  const int want = d.top_k < 1 ? 1 : (d.top_k > k ? k : d.top_k);
+  const float *row = x + size_t(blockIdx.y) * size_t(width);
+  const int64_t base = int64_t(blockIdx.x) * kTile + threadIdx.x;
+  uint64_t v[kPer];
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t i = base + int64_t(j) * kThreads;
+    v[j] = i < width ? key_of(row[i], uint32_t(i)) : 0;
+  }
+  const int n = select_top(v, want, sel, sm);
+  uint64_t *o = out + (size_t(blockIdx.y) * gridDim.x + blockIdx.x) * size_t(k);
+  for (int t = int(threadIdx.x); t < k; t += kThreads) o[t] = t < n ? sel[t] : 0;
+}
+
+// Loads the keys [blockIdx.x * kTile, ...) of in's row (m keys a row), kPer a thread.
+__device__ void load_keys(const uint64_t *in, int m, uint64_t (&v)[kPer]) {
+  const uint64_t *r = in + size_t(blockIdx.y) * size_t(m);
+  const int base = int(blockIdx.x) * kTile + int(threadIdx.x);
+  for (int j = 0; j < kPer; ++j) v[j] = base + j * kThreads < m ? r[base + j * kThreads] : 0;
+}
+
+// Block (tile, row): the best keys of a tile of the row's m keys, as select_tiles_kernel.
+__global__ void __launch_bounds__(kThreads)
+    select_merge_kernel(const uint64_t *__restrict__ in, int m, const DrawSpec *__restrict__ specs, int k,
+                        uint64_t *__restrict__ out) {
+  __shared__ SelectSmem sm;
+  __shared__ uint64_t sel[kMaxK];
+  dev::pdl_start();
+  const DrawSpec &d = specs[blockIdx.y];
+  if (!(d.temperature > 0.0f)) return;
+  const int want = d.top_k < 1 ? 1 : (d.top_k > k ? k : d.top_k);
+  uint64_t v[kPer];
+  load_keys(in, m, v);
+  const int n = select_top(v, want, sel, sm);
+  uint64_t *o = out + (size_t(blockIdx.y) * gridDim.x + blockIdx.x) * size_t(k);
+  for (int t = int(threadIdx.x); t < k; t += kThreads) o[t] = t < n ? sel[t] : 0;
+}
+
+// Block (0, row): the row's top_k candidates among its m <= kTile keys, sorted (each
+// candidate's place is the number of candidates above it), then the pick.
+__global__ void __launch_bounds__(kThreads)
+    select_pick_kernel(const float *__restrict__ x, int64_t width, const uint64_t *__restrict__ in, int m,
+                       const DrawSpec *__restrict__ specs, int k, int32_t *__restrict__ out) {
+  __shared__ SelectSmem sm;
+  __shared__ uint64_t sel[kMaxK], sorted[kMaxK];
+  __shared__ float cv[kMaxK];
+  __shared__ int ci[kMaxK];
+  __shared__ double pr[kMaxK], w[kMaxK];
+  dev::pdl_start();
+  const DrawSpec d = specs[blockIdx.y];
+  if (!(d.temperature > 0.0f)) return;
+  const int want = d.top_k < 1 ? 1 : (d.top_k > k ? k : d.top_k);
+  uint64_t v[kPer];
+  load_keys(in, m, v);
+  const int n = select_top(v, want, sel, sm);
+  if (n == 0) {
+    if (threadIdx.x == 0) out[blockIdx.y] = 0;  // no number in the row: what the host draws
+    return;
+  }
+  for (int t = int(threadIdx.x); t < n; t += kThreads) {
+    const uint64_t key = sel[t];
+    int place = 0;
+    for (int j = 0; j < n; ++j) place += sel[j] > key ? 1 : 0;
+    sorted[place] = key;
+  }
+  __syncthreads();
+  const float *row = x + size_t(blockIdx.y) * size_t(width);
+  for (int t = int(threadIdx.x); t < n; t += kThreads) {
+    ci[t] = int(id_of(sorted[t]));
+    cv[t] = row[ci[t]];
+  }
+  __syncthreads();
+  const float mx = cv[0];
+  for (int t = int(threadIdx.x); t < n; t += kThreads) {
+    pr[t] = draw::weight(cv[t], mx);
+    w[t] = draw::weight_t(cv[t], mx, d.temperature);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const double *wp = w;
+    out[blockIdx.y] = ci[draw::pick(pr, [wp](int i) { return wp[i]; }, n, d.top_p, d.min_p, d.u)];
+  }
+}
+
 int tiles_of(int64_t n) { return int((n + kTile - 1) / kTile); }
 
 }  // namespace
@@ -146,31 +343,45 @@ size_t sample_scratch_bytes(int64_t width, int n_rows, int k) {
 }
 
 Status sample_rows(const float *x, int64_t width, int n_rows, const DrawSpec *specs, int k, int32_t *out,
-                   void *scratch, CudaStream s) {
+                   void *scratch, CudaStream s, DrawAlgo algo) {
   if (n_rows < 0 || n_rows > 65535 || width <= 0 || width > 0x7FFFFFFF) return bad_arg("cuda::sample_rows: bad shape");
   if (k < 1 || k > kMaxK) return bad_arg("cuda::sample_rows: k out of [1, 256]");
   if (n_rows == 0) return Status::ok();
   if (x == nullptr || specs == nullptr || out == nullptr || scratch == nullptr) {
     return bad_arg("cuda::sample_rows: null pointer");
   }
+  const bool select = algo == DrawAlgo::kSelect;
   const int t1 = tiles_of(width);
   auto *a = static_cast<uint64_t *>(scratch);
   uint64_t *b = a + size_t(n_rows) * size_t(t1) * size_t(k);
-  launch(topk_tiles_kernel, dim3(unsigned(t1), unsigned(n_rows)), kThreads, s, x, width, specs, k, a);
+  if (select) {
+    launch(select_tiles_kernel, dim3(unsigned(t1), unsigned(n_rows)), kThreads, s, x, width, specs, k, a);
+  } else {
+    launch(topk_tiles_kernel, dim3(unsigned(t1), unsigned(n_rows)), kThreads, s, x, width, specs, k, a);
+  }
   if (Status st = launch_status("cuda::sample_rows"); !st.is_ok()) return st;
   int m = t1 * k;  // keys a row in a
   while (m > kTile) {
     const int t = tiles_of(m);
-    launch(topk_merge_kernel, dim3(unsigned(t), unsigned(n_rows)), kThreads, s, static_cast<const uint64_t *>(a), m,
-           specs, k, b);
+    const dim3 grid{unsigned(t), unsigned(n_rows)};
+    if (select) {
+      launch(select_merge_kernel, grid, kThreads, s, static_cast<const uint64_t *>(a), m, specs, k, b);
+    } else {
+      launch(topk_merge_kernel, grid, kThreads, s, static_cast<const uint64_t *>(a), m, specs, k, b);
+    }
     if (Status st = launch_status("cuda::sample_rows"); !st.is_ok()) return st;
     m = t * k;
     uint64_t *c = a;
     a = b;
     b = c;
   }
-  launch(draw_pick_kernel, dim3(1, unsigned(n_rows)), kThreads, s, x, width, static_cast<const uint64_t *>(a), m,
-         specs, out);
+  if (select) {
+    launch(select_pick_kernel, dim3(1, unsigned(n_rows)), kThreads, s, x, width, static_cast<const uint64_t *>(a), m,
+           specs, k, out);
+  } else {
+    launch(draw_pick_kernel, dim3(1, unsigned(n_rows)), kThreads, s, x, width, static_cast<const uint64_t *>(a), m,
+           specs, out);
+  }
   return launch_status("cuda::sample_rows");
 }
 

@@ -15,9 +15,11 @@ namespace geist::cuda {
 // draw_sampled on the device, the same token as on the host. k: the candidates kept per
 // tile, 1..256, at least every sampled row's top_k (each draws from its own top_k best).
 // scratch: sample_scratch_bytes(width, n_rows, k) of device memory. width < 2^31,
-// n_rows <= 65535.
+// n_rows <= 65535. algo: how each tile's best keys are found (draw.cu); the same token
+// either way.
+enum class DrawAlgo { kSort, kSelect };
 size_t sample_scratch_bytes(int64_t width, int n_rows, int k);
 Status sample_rows(const float *x, int64_t width, int n_rows, const DrawSpec *specs, int k, int32_t *out,
-                   void *scratch, CudaStream s);
+                   void *scratch, CudaStream s, DrawAlgo algo = DrawAlgo::kSort);
 
 }  // namespace geist::cuda
