@@ -17,23 +17,19 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/draw_kernels.h"
+#include "backends/cuda/draw_select.cuh"
 
 namespace geist::cuda {
 namespace {
 
-constexpr int kTile = 4096;  // keys a block sorts
-constexpr int kThreads = 1024;
+using sel::id_of;
+using sel::key_of;
+using sel::kPer;
+using sel::kThreads;
+using sel::kTile;
+using sel::SelectSmem;
+using sel::select_top;
 constexpr int kMaxK = DrawSpec::kMaxStepTopK;
-
-// The key of x[i]: larger is better; 0 (below every real key, whose low word ~i is at least
-// 2^31) for a NaN and for padding.
-__device__ __forceinline__ uint64_t key_of(float v, uint32_t i) {
-  if (isnan(v)) return 0;
-  uint32_t b = __float_as_uint(v == 0.0f ? 0.0f : v);
-  b = (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
-  return (uint64_t(b) << 32) | uint64_t(~i);
-}
-__device__ __forceinline__ uint32_t id_of(uint64_t k) { return ~uint32_t(k); }
 
 // s[0, kTile) sorted descending (a bitonic network: each thread one compare per pair of
 // its stride, a barrier between strides).
@@ -137,106 +133,6 @@ __global__ void __launch_bounds__(kThreads)
     const double *wp = w;
     out[blockIdx.y] = ci[draw::pick(pr, [wp](int i) { return wp[i]; }, n, d.top_p, d.min_p, d.u)];
   }
-}
-
-// ---- Selection by bytes (DrawAlgo::kSelect) ----
-
-constexpr int kPer = kTile / kThreads;  // keys a thread holds
-constexpr unsigned kAll = 0xffffffffu;
-
-struct SelectSmem {
-  unsigned hist[2][256];  // one pass's counts of the next byte, and the next pass's
-  unsigned nz;            // the block's nonzero keys
-  unsigned n_sel;         // keys gathered so far
-  uint64_t prefix;        // the bytes of the k-th best key found so far (the rest 0)
-  unsigned need;          // how many of the keys that share them are still to take
-  int done;               // every key that shares them is taken
-};
-
-// h[digit] += 1 for each lane where `active`, one atomic per distinct digit of the warp
-// (the top bytes of a row's keys are mostly the same few). Every lane of the warp calls it.
-__device__ __forceinline__ void hist_add(unsigned *h, unsigned digit, bool active) {
-  const unsigned act = __ballot_sync(kAll, active);
-  if (!active) return;
-  const unsigned peers = __match_any_sync(act, digit);
-  if ((peers & ((1u << (threadIdx.x & 31)) - 1)) == 0) atomicAdd(&h[digit], unsigned(__popc(peers)));
-}
-
-// The block's best `want` (>= 1) keys among the kTile keys its threads hold in v (0: no
-// key; every other key unique), in no particular order, to sel[0, n); returns n = the
-// smaller of want and the number of nonzero keys. Every thread of the block calls it, once.
-__device__ int select_top(const uint64_t (&v)[kPer], int want, uint64_t *sel, SelectSmem &sm) {
-  const int lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
-  for (int i = int(threadIdx.x); i < 2 * 256; i += kThreads) sm.hist[i / 256][i % 256] = 0;
-  if (threadIdx.x == 0) {
-    sm.nz = 0;
-    sm.n_sel = 0;
-  }
-  __syncthreads();
-  // The nonzero keys, and every key's top byte.
-  unsigned c = 0;
-  for (int j = 0; j < kPer; ++j) {
-    c += v[j] != 0 ? 1u : 0u;
-    hist_add(sm.hist[0], unsigned(v[j] >> 56), true);
-  }
-  c = __reduce_add_sync(kAll, c);
-  if (lane == 0 && c != 0) atomicAdd(&sm.nz, c);
-  __syncthreads();
-  uint64_t thr = 1;  // the least key taken: with no more nonzero keys than wanted, all of them
-  if (sm.nz > unsigned(want)) {
-    // Then the want-th best key is nonzero, so exactly `want` keys are at or above it (the
-    // zeros are below every real key). Byte by byte from the top: the bin of the next byte
-    // that holds it among the keys sharing the bytes so far (scanned from the largest bin by
-    // warp 0), until every key in that bin is wanted (or the last byte: one key).
-    unsigned need = unsigned(want);
-    uint64_t prefix = 0;
-    int cur = 0;
-    for (int shift = 56;; shift -= 8) {
-      if (warp == 0) {
-        unsigned h[8], own = 0;
-        for (int b = 0; b < 8; ++b) {
-          h[b] = sm.hist[cur][8 * lane + b];
-          own += h[b];
-        }
-        unsigned upto = own;  // the keys in this lane's bins and those of the lanes above it
-        for (int off = 1; off < 32; off <<= 1) {
-          const unsigned y = __shfl_down_sync(kAll, upto, off);
-          if (lane + off < 32) upto += y;
-        }
-        unsigned above = upto - own;
-        for (int b = 7; b >= 0; --b) {  // exactly one bin of the warp holds the need-th key
-          if (above < need && need <= above + h[b]) {
-            sm.prefix = prefix | (uint64_t(8 * lane + b) << shift);
-            sm.need = need - above;
-            sm.done = h[b] == need - above || shift == 0;
-          }
-          above += h[b];
-        }
-        for (int b = lane; b < 256; b += 32) sm.hist[cur ^ 1][b] = 0;  // the next pass's
-      }
-      __syncthreads();
-      prefix = sm.prefix;
-      need = sm.need;
-      if (sm.done) break;  // the same for every thread
-      const uint64_t high = ~uint64_t(0) << shift;
-      for (int j = 0; j < kPer; ++j) {
-        hist_add(sm.hist[cur ^ 1], unsigned(v[j] >> (shift - 8)) & 0xFFu, (v[j] & high) == prefix);
-      }
-      cur ^= 1;
-      __syncthreads();
-    }
-    thr = prefix;  // the bytes below the last one found are 0: every key sharing it is >= thr
-  }
-  for (int j = 0; j < kPer; ++j) {
-    const bool take = v[j] >= thr;
-    const unsigned m = __ballot_sync(kAll, take);
-    unsigned base = 0;
-    if (lane == 0 && m != 0) base = atomicAdd(&sm.n_sel, unsigned(__popc(m)));
-    base = __shfl_sync(kAll, base, 0);
-    if (take) sel[base + unsigned(__popc(m & ((1u << lane) - 1)))] = v[j];
-  }
-  __syncthreads();
-  return int(sm.n_sel);
 }
 
 // Block (tile, row): the best k keys (at most the row's top_k of them, the rest 0) of
