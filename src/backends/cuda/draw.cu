@@ -10,7 +10,8 @@
 // with a bitonic network (78 block barriers for 4096 keys) or select them by their bytes,
 // most significant first (a radix select: a histogram of the next byte among the keys that
 // share the bytes found so far, until the k-th best key is pinned down; ~2 barriers a byte,
-// usually 4 bytes), then sort only the k candidates of the last tile, by rank. The pick
+// usually 4 bytes), then sort only the k candidates of the last tile, by rank
+// (draw_select.cuh, which a host test runs with the block emulated). The pick
 // then runs base/draw.h's arithmetic: the weights of the candidates in parallel, the sums
 // and the walk in candidate order on one thread, as the host runs them.
 #include <cuda_runtime.h>
@@ -24,12 +25,9 @@ namespace {
 
 using sel::id_of;
 using sel::key_of;
-using sel::kPer;
+using sel::kMaxK;
 using sel::kThreads;
 using sel::kTile;
-using sel::SelectSmem;
-using sel::select_top;
-constexpr int kMaxK = DrawSpec::kMaxStepTopK;
 
 // s[0, kTile) sorted descending (a bitonic network: each thread one compare per pair of
 // its stride, a barrier between strides).
@@ -135,97 +133,41 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Block (tile, row): the best k keys (at most the row's top_k of them, the rest 0) of
-// elements [tile * kTile, ...) of a sampled row, to out[row][tile * k ...].
+// Block (tile, row): the best keys of elements [tile * kTile, ...) of a sampled row (at most
+// its top_k of them, the rest 0) to out[row][tile * k ...] (draw_select.cuh).
 __global__ void __launch_bounds__(kThreads)
     select_tiles_kernel(const float *__restrict__ x, int64_t width, const DrawSpec *__restrict__ specs, int k,
                         uint64_t *__restrict__ out) {
-  __shared__ SelectSmem sm;
-  __shared__ uint64_t sel[kMaxK];
+  __shared__ sel::TileSmem sm;
   dev::pdl_start();
   const DrawSpec &d = specs[blockIdx.y];
   if (!(d.temperature > 0.0f)) return;  // not a sampled row
-  const int want = d.top_k < 1 ? 1 : (d.top_k > k ? k : d.top_k);
-  const float *row = x + size_t(blockIdx.y) * size_t(width);
-  const int64_t base = int64_t(blockIdx.x) * kTile + threadIdx.x;
-  uint64_t v[kPer];
-  for (int j = 0; j < kPer; ++j) {
-    const int64_t i = base + int64_t(j) * kThreads;
-    v[j] = i < width ? key_of(row[i], uint32_t(i)) : 0;
-  }
-  const int n = select_top(v, want, sel, sm);
-  uint64_t *o = out + (size_t(blockIdx.y) * gridDim.x + blockIdx.x) * size_t(k);
-  for (int t = int(threadIdx.x); t < k; t += kThreads) o[t] = t < n ? sel[t] : 0;
-}
-
-// Loads the keys [blockIdx.x * kTile, ...) of in's row (m keys a row), kPer a thread.
-__device__ void load_keys(const uint64_t *in, int m, uint64_t (&v)[kPer]) {
-  const uint64_t *r = in + size_t(blockIdx.y) * size_t(m);
-  const int base = int(blockIdx.x) * kTile + int(threadIdx.x);
-  for (int j = 0; j < kPer; ++j) v[j] = base + j * kThreads < m ? r[base + j * kThreads] : 0;
+  sel::tile_best(x + size_t(blockIdx.y) * size_t(width), width, int(blockIdx.x), sel::wanted(d, k), k,
+                 out + (size_t(blockIdx.y) * gridDim.x + blockIdx.x) * size_t(k), sm);
 }
 
 // Block (tile, row): the best keys of a tile of the row's m keys, as select_tiles_kernel.
 __global__ void __launch_bounds__(kThreads)
     select_merge_kernel(const uint64_t *__restrict__ in, int m, const DrawSpec *__restrict__ specs, int k,
                         uint64_t *__restrict__ out) {
-  __shared__ SelectSmem sm;
-  __shared__ uint64_t sel[kMaxK];
+  __shared__ sel::TileSmem sm;
   dev::pdl_start();
   const DrawSpec &d = specs[blockIdx.y];
   if (!(d.temperature > 0.0f)) return;
-  const int want = d.top_k < 1 ? 1 : (d.top_k > k ? k : d.top_k);
-  uint64_t v[kPer];
-  load_keys(in, m, v);
-  const int n = select_top(v, want, sel, sm);
-  uint64_t *o = out + (size_t(blockIdx.y) * gridDim.x + blockIdx.x) * size_t(k);
-  for (int t = int(threadIdx.x); t < k; t += kThreads) o[t] = t < n ? sel[t] : 0;
+  sel::keys_best(in + size_t(blockIdx.y) * size_t(m), m, int(blockIdx.x), sel::wanted(d, k), k,
+                 out + (size_t(blockIdx.y) * gridDim.x + blockIdx.x) * size_t(k), sm);
 }
 
-// Block (0, row): the row's top_k candidates among its m <= kTile keys, sorted (each
-// candidate's place is the number of candidates above it), then the pick.
+// Block (0, row): the row's candidates among its m <= kTile keys, sorted, and the pick.
 __global__ void __launch_bounds__(kThreads)
     select_pick_kernel(const float *__restrict__ x, int64_t width, const uint64_t *__restrict__ in, int m,
                        const DrawSpec *__restrict__ specs, int k, int32_t *__restrict__ out) {
-  __shared__ SelectSmem sm;
-  __shared__ uint64_t sel[kMaxK], sorted[kMaxK];
-  __shared__ float cv[kMaxK];
-  __shared__ int ci[kMaxK];
-  __shared__ double pr[kMaxK], w[kMaxK];
+  __shared__ sel::PickSmem sm;
   dev::pdl_start();
   const DrawSpec d = specs[blockIdx.y];
   if (!(d.temperature > 0.0f)) return;
-  const int want = d.top_k < 1 ? 1 : (d.top_k > k ? k : d.top_k);
-  uint64_t v[kPer];
-  load_keys(in, m, v);
-  const int n = select_top(v, want, sel, sm);
-  if (n == 0) {
-    if (threadIdx.x == 0) out[blockIdx.y] = 0;  // no number in the row: what the host draws
-    return;
-  }
-  for (int t = int(threadIdx.x); t < n; t += kThreads) {
-    const uint64_t key = sel[t];
-    int place = 0;
-    for (int j = 0; j < n; ++j) place += sel[j] > key ? 1 : 0;
-    sorted[place] = key;
-  }
-  __syncthreads();
-  const float *row = x + size_t(blockIdx.y) * size_t(width);
-  for (int t = int(threadIdx.x); t < n; t += kThreads) {
-    ci[t] = int(id_of(sorted[t]));
-    cv[t] = row[ci[t]];
-  }
-  __syncthreads();
-  const float mx = cv[0];
-  for (int t = int(threadIdx.x); t < n; t += kThreads) {
-    pr[t] = draw::weight(cv[t], mx);
-    w[t] = draw::weight_t(cv[t], mx, d.temperature);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const double *wp = w;
-    out[blockIdx.y] = ci[draw::pick(pr, [wp](int i) { return wp[i]; }, n, d.top_p, d.min_p, d.u)];
-  }
+  sel::pick(x + size_t(blockIdx.y) * size_t(width), in + size_t(blockIdx.y) * size_t(m), m, d, k, out + blockIdx.y,
+            sm);
 }
 
 int tiles_of(int64_t n) { return int((n + kTile - 1) / kTile); }

@@ -1,12 +1,15 @@
-// The sampled draw's keys and the block-wide radix select of the best of them (draw.cu,
-// DrawAlgo::kSelect). Apart from draw.cu so that a host test (tests/draw_select_int.cpp)
-// can run this very code with the block emulated by threads: compiled by nvcc it is device
-// code; compiled as C++ it needs the test's stand-ins for the CUDA intrinsics it calls
-// (threadIdx, __syncthreads, the warp votes and shuffles, atomicAdd, __popc,
-// __float_as_uint), declared before it is included.
+// The sampled draw's select path (draw.cu, DrawAlgo::kSelect) as block-level functions: the
+// keys, the block-wide radix select of the best of them, a tile's level and the pick. The
+// kernels in draw.cu are launch wrappers around them. Apart from draw.cu so that a host test
+// (tests/draw_select_int.cpp) runs this very code with the block emulated by threads:
+// compiled by nvcc it is device code; compiled as C++ it needs the test's stand-ins for the
+// CUDA intrinsics it calls (threadIdx, __syncthreads, the warp votes and shuffles,
+// atomicAdd, __popc, __float_as_uint), declared before it is included.
 #pragma once
 
 #include <cstdint>
+
+#include "base/draw.h"
 
 #if defined(__CUDACC__)
 #define GEIST_SEL_DEV __device__ __forceinline__
@@ -20,6 +23,7 @@ constexpr int kTile = 4096;  // keys a block holds
 constexpr int kThreads = 1024;
 constexpr int kPer = kTile / kThreads;  // keys a thread holds
 constexpr unsigned kAll = 0xffffffffu;
+constexpr int kMaxK = DrawSpec::kMaxStepTopK;  // the most candidates a row keeps
 
 // The key of x[i]: larger is better, in the host sort's order (value descending, then id
 // ascending; -0 equal to +0); 0 (below every real key, whose low word ~i is at least 2^31)
@@ -126,6 +130,89 @@ GEIST_SEL_DEV int select_top(const uint64_t (&v)[kPer], int want, uint64_t *sel,
   }
   __syncthreads();
   return int(sm.n_sel);
+}
+
+// How many keys a block keeps for a row drawn by d: its top_k, within [1, k] (k: the keys a
+// tile has room for, at least every row's top_k).
+GEIST_SEL_DEV int wanted(const DrawSpec &d, int k) { return d.top_k < 1 ? 1 : (d.top_k > k ? k : d.top_k); }
+
+struct TileSmem {
+  SelectSmem sm;
+  uint64_t sel[kMaxK];
+};
+
+// Writes the n kept keys of sel and then zeros to o[0, k).
+GEIST_SEL_DEV void write_kept(const uint64_t *sel, int n, int k, uint64_t *o) {
+  for (int t = int(threadIdx.x); t < k; t += kThreads) o[t] = t < n ? sel[t] : 0;
+}
+
+// The first level, one block of a tile: the best `want` keys of elements [tile * kTile, ...)
+// of a row of `width` logits, to o[0, k) (then zeros). Thread t holds elements t, t + 1024, ...
+GEIST_SEL_DEV void tile_best(const float *row, int64_t width, int tile, int want, int k, uint64_t *o, TileSmem &s) {
+  const int64_t base = int64_t(tile) * kTile + threadIdx.x;
+  uint64_t v[kPer];
+  for (int j = 0; j < kPer; ++j) {
+    const int64_t i = base + int64_t(j) * kThreads;
+    v[j] = i < width ? key_of(row[i], uint32_t(i)) : 0;
+  }
+  write_kept(s.sel, select_top(v, want, s.sel, s.sm), k, o);
+}
+
+// Keys [tile * kTile, ...) of a row's m keys r, kPer a thread.
+GEIST_SEL_DEV void load_keys(const uint64_t *r, int m, int tile, uint64_t (&v)[kPer]) {
+  const int base = tile * kTile + int(threadIdx.x);
+  for (int j = 0; j < kPer; ++j) v[j] = base + j * kThreads < m ? r[base + j * kThreads] : 0;
+}
+
+// A later level: the best `want` of keys [tile * kTile, ...) of a row's m keys r, to o[0, k).
+GEIST_SEL_DEV void keys_best(const uint64_t *r, int m, int tile, int want, int k, uint64_t *o, TileSmem &s) {
+  uint64_t v[kPer];
+  load_keys(r, m, tile, v);
+  write_kept(s.sel, select_top(v, want, s.sel, s.sm), k, o);
+}
+
+struct PickSmem {
+  SelectSmem sm;
+  uint64_t sel[kMaxK], sorted[kMaxK];
+  float cv[kMaxK];
+  int ci[kMaxK];
+  double pr[kMaxK], w[kMaxK];
+};
+
+// The last level: the row's candidates, the best wanted(d, k) of its m <= kTile keys r, sorted
+// (each one's place is the number of candidates above it), then base/draw.h's pick with d's
+// parameters, as the host draws: *out = the token (0 where the row has no number).
+GEIST_SEL_DEV void pick(const float *row, const uint64_t *r, int m, const DrawSpec &d, int k, int32_t *out,
+                        PickSmem &s) {
+  uint64_t v[kPer];
+  load_keys(r, m, 0, v);
+  const int n = select_top(v, wanted(d, k), s.sel, s.sm);
+  if (n == 0) {
+    if (threadIdx.x == 0) *out = 0;
+    return;
+  }
+  for (int t = int(threadIdx.x); t < n; t += kThreads) {
+    const uint64_t key = s.sel[t];
+    int place = 0;
+    for (int j = 0; j < n; ++j) place += s.sel[j] > key ? 1 : 0;
+    s.sorted[place] = key;
+  }
+  __syncthreads();
+  for (int t = int(threadIdx.x); t < n; t += kThreads) {
+    s.ci[t] = int(id_of(s.sorted[t]));
+    s.cv[t] = row[s.ci[t]];
+  }
+  __syncthreads();
+  const float mx = s.cv[0];
+  for (int t = int(threadIdx.x); t < n; t += kThreads) {
+    s.pr[t] = draw::weight(s.cv[t], mx);
+    s.w[t] = draw::weight_t(s.cv[t], mx, d.temperature);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const double *w = s.w;
+    *out = s.ci[draw::pick(s.pr, [w](int i) { return w[i]; }, n, d.top_p, d.min_p, d.u)];
+  }
 }
 
 }  // namespace geist::cuda::sel
