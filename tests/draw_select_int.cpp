@@ -79,7 +79,9 @@ unsigned __reduce_add_sync(unsigned, unsigned x) {
 }
 unsigned __shfl_down_sync(unsigned, unsigned x, int off) {
   const unsigned lane = threadIdx.x % 32;
-  return warp_exchange(x, [=](const uint64_t *v) { return lane + unsigned(off) < 32 ? unsigned(v[lane + unsigned(off)]) : x; });
+  return warp_exchange(x, [=](const uint64_t *v) {
+    return lane + unsigned(off) < 32 ? unsigned(v[lane + unsigned(off)]) : x;  // past the warp: its own
+  });
 }
 unsigned __shfl_sync(unsigned, unsigned x, int src) {
   return warp_exchange(x, [=](const uint64_t *v) { return unsigned(v[src]); });
