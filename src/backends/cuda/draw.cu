@@ -189,24 +189,19 @@ Status sample_rows(const float *x, int64_t width, int n_rows, const DrawSpec *sp
     return bad_arg("cuda::sample_rows: null pointer");
   }
   const bool select = algo == DrawAlgo::kSelect;
+  // The levels' kernels of either way take the same arguments; the picks differ by k.
+  auto *const tiles_kernel = select ? select_tiles_kernel : topk_tiles_kernel;
+  auto *const merge_kernel = select ? select_merge_kernel : topk_merge_kernel;
   const int t1 = tiles_of(width);
   auto *a = static_cast<uint64_t *>(scratch);
   uint64_t *b = a + size_t(n_rows) * size_t(t1) * size_t(k);
-  if (select) {
-    launch(select_tiles_kernel, dim3(unsigned(t1), unsigned(n_rows)), kThreads, s, x, width, specs, k, a);
-  } else {
-    launch(topk_tiles_kernel, dim3(unsigned(t1), unsigned(n_rows)), kThreads, s, x, width, specs, k, a);
-  }
+  launch(tiles_kernel, dim3(unsigned(t1), unsigned(n_rows)), kThreads, s, x, width, specs, k, a);
   if (Status st = launch_status("cuda::sample_rows"); !st.is_ok()) return st;
   int m = t1 * k;  // keys a row in a
   while (m > kTile) {
     const int t = tiles_of(m);
-    const dim3 grid{unsigned(t), unsigned(n_rows)};
-    if (select) {
-      launch(select_merge_kernel, grid, kThreads, s, static_cast<const uint64_t *>(a), m, specs, k, b);
-    } else {
-      launch(topk_merge_kernel, grid, kThreads, s, static_cast<const uint64_t *>(a), m, specs, k, b);
-    }
+    launch(merge_kernel, dim3(unsigned(t), unsigned(n_rows)), kThreads, s, static_cast<const uint64_t *>(a), m, specs,
+           k, b);
     if (Status st = launch_status("cuda::sample_rows"); !st.is_ok()) return st;
     m = t * k;
     uint64_t *c = a;
